@@ -1,0 +1,250 @@
+"""`Arch`: what one GPU is, as a pytree of traced numbers.
+
+Everything a user may sweep (limits, latencies, clocks, the SM hierarchy's masks and positions)
+is an array leaf, so one compiled simulation serves many architectures; only what fixes array
+shapes or names is static (the number of SM slots, schedulers per SM, warp size, the name).
+
+SM arrays have one entry per SM *slot* of the full die: the enabled SMs first, in `%smid` order
+(slot i is `%smid` i), then the floorswept ones. Masking an SM off (`sm_enabled`) is how a sweep
+varies the SM count without changing shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import equinox as eqx
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int
+
+from .errors import check
+from .isa import N_OPS, OP_NAMES
+
+# Supported shared-memory carveout sizes are padded to this length (CC 9.0 has 10 sizes).
+N_CARVEOUTS = 10
+
+_INT_FIELDS = (
+    "max_threads_per_block",
+    "max_threads_per_sm",
+    "max_blocks_per_sm",
+    "regs_per_sm",
+    "regs_per_block",
+    "max_regs_per_thread",
+    "reg_alloc_unit",
+    "smem_per_sm_bytes",
+    "smem_per_block_bytes",
+    "smem_per_block_optin_bytes",
+    "reserved_smem_per_block_bytes",
+    "smem_alloc_unit_bytes",
+    "barriers_per_block_slot",
+    "issue_width",
+    "smem_bytes_per_cycle",
+    "mio_queue_depth",
+)
+_FLOAT_FIELDS = (
+    "l2_hit_latency_ns",
+    "dram_latency_ns",
+    "l2_bytes_per_ns",
+    "dram_bytes_per_ns",
+    "base_clock_ghz",
+    "boost_clock_ghz",
+    "power_limit_w",
+    "clock_step_mhz",
+)
+
+
+def _is_concrete(x: object) -> bool:
+    return isinstance(x, (np.ndarray, np.generic, int, float, bool))
+
+
+class Arch(eqx.Module):
+    """One GPU: SM hierarchy and floorplan, per-SM limits, pipes, memory, clocks.
+
+    Units are in the names. Scalars are 0-d arrays (a leading batch axis when stacked).
+    """
+
+    name: str = eqx.field(static=True)
+    compute_capability: tuple[int, int] = eqx.field(static=True)
+    schedulers_per_sm: int = eqx.field(static=True)  # warp schedulers = register sub-partitions
+    warp_size: int = eqx.field(static=True)
+
+    # --- SM hierarchy and floorplan (one entry per SM slot) ---
+    sm_enabled: Bool[Array, " sm"]
+    sm_gpc: Int[Array, " sm"]
+    sm_tpc: Int[Array, " sm"]  # global TPC index; the two SMs of a TPC share it
+    sm_xy_mm: Float[Array, "sm 2"]  # centre of the SM on the die, millimetres
+    dispatch_order: Int[Array, " sm"]  # the GigaThread engine's fixed SM order (a permutation)
+    die_mm: Float[Array, "2"]
+
+    # --- per-SM limits (cuda_occupancy.h, CUDA programming guide) ---
+    max_threads_per_block: Int[Array, ""]
+    max_threads_per_sm: Int[Array, ""]
+    max_blocks_per_sm: Int[Array, ""]
+    regs_per_sm: Int[Array, ""]
+    regs_per_block: Int[Array, ""]
+    max_regs_per_thread: Int[Array, ""]
+    reg_alloc_unit: Int[Array, ""]  # registers per warp are rounded up to this
+    smem_per_sm_bytes: Int[Array, ""]
+    smem_per_block_bytes: Int[Array, ""]  # default per-block limit (48 KiB)
+    smem_per_block_optin_bytes: Int[Array, ""]
+    reserved_smem_per_block_bytes: Int[Array, ""]
+    smem_alloc_unit_bytes: Int[Array, ""]
+    smem_carveout_kib: Int[Array, " carveout"]  # supported SM shared sizes, ascending, padded
+    barriers_per_block_slot: Int[Array, ""]  # CTA barriers per SM = this x max_blocks_per_sm
+
+    # --- issue and pipes, indexed by `isa.Op` ---
+    issue_width: Int[Array, ""]  # instructions per scheduler per cycle
+    latency_cycles: Int[Array, " op"]  # dependent-issue latency (LDG: L1 hit)
+    issue_cycles: Int[Array, " op"]  # cycles the class's pipe is busy per warp instruction
+
+    # --- memory (latencies of L2/DRAM are in the memory clock domain: nanoseconds) ---
+    l2_hit_latency_ns: Float[Array, ""]
+    dram_latency_ns: Float[Array, ""]
+    l2_bytes_per_ns: Float[Array, ""]  # chip-wide L2 bandwidth
+    dram_bytes_per_ns: Float[Array, ""]  # chip-wide DRAM bandwidth
+    smem_bytes_per_cycle: Int[Array, ""]  # per SM
+    mio_queue_depth: Int[Array, ""]  # MIO instructions in flight per scheduler before throttle
+
+    # --- clocks and power ---
+    base_clock_ghz: Float[Array, ""]
+    boost_clock_ghz: Float[Array, ""]
+    power_limit_w: Float[Array, ""]
+    clock_step_mhz: Float[Array, ""]  # DVFS bin size
+
+    def __check_init__(self) -> None:
+        if not all(_is_concrete(leaf) for leaf in (self.sm_enabled, self.max_threads_per_sm)):
+            return  # traced inside jit/vmap: checked when built
+        validate(self)
+
+    @property
+    def n_sm_slots(self) -> int:
+        """SM slots on the die, enabled or not (a static shape)."""
+        return int(self.sm_enabled.shape[-1])
+
+    @property
+    def sm_count(self) -> int:
+        """Enabled SMs (needs concrete arrays)."""
+        return int(np.sum(self.sm_enabled))
+
+    def replace(self, **changes: object) -> "Arch":
+        """A copy with some fields changed (validated)."""
+        return dataclasses.replace(self, **changes)
+
+
+def make_arch(**fields: object) -> Arch:
+    """Build an `Arch` from plain Python values, casting each leaf to its canonical dtype."""
+    return Arch(**_cast(fields))
+
+
+def _cast(fields: dict) -> dict:
+    out = dict(fields)
+    for key in _INT_FIELDS:
+        if key in out:
+            out[key] = np.asarray(out[key], dtype=np.int32)
+    for key in _FLOAT_FIELDS:
+        if key in out:
+            out[key] = np.asarray(out[key], dtype=np.float32)
+    for key in ("sm_gpc", "sm_tpc", "dispatch_order", "latency_cycles", "issue_cycles"):
+        if key in out:
+            out[key] = np.asarray(out[key], dtype=np.int32)
+    if "smem_carveout_kib" in out:
+        out["smem_carveout_kib"] = pad_carveouts(out["smem_carveout_kib"])
+    for key in ("sm_xy_mm", "die_mm"):
+        if key in out:
+            out[key] = np.asarray(out[key], dtype=np.float32)
+    if "sm_enabled" in out:
+        out["sm_enabled"] = np.asarray(out["sm_enabled"], dtype=bool)
+    if "compute_capability" in out:
+        out["compute_capability"] = tuple(int(v) for v in out["compute_capability"])
+    return out
+
+
+def pad_carveouts(sizes_kib: object) -> np.ndarray:
+    """Sorted carveout sizes padded to `N_CARVEOUTS` by repeating the largest."""
+    sizes = sorted(int(v) for v in np.ravel(np.asarray(sizes_kib)))
+    check(
+        0 < len(sizes) <= N_CARVEOUTS,
+        "smem_carveout_kib",
+        sizes,
+        f"between 1 and {N_CARVEOUTS} sizes",
+    )
+    sizes += [sizes[-1]] * (N_CARVEOUTS - len(sizes))
+    return np.asarray(sizes, dtype=np.int32)
+
+
+def validate(arch: Arch) -> None:
+    """Check an architecture's internal consistency; raise `JaxschedError` naming the field."""
+    n = arch.sm_enabled.shape[-1]
+    for key in ("sm_gpc", "sm_tpc", "dispatch_order"):
+        shape = np.shape(getattr(arch, key))
+        check(shape == (n,), key, f"shape {shape}", f"must have one entry per SM slot ({n},)")
+    check(np.shape(arch.sm_xy_mm) == (n, 2), "sm_xy_mm", np.shape(arch.sm_xy_mm), f"shape ({n}, 2)")
+    check(
+        sorted(np.asarray(arch.dispatch_order).tolist()) == list(range(n)),
+        "dispatch_order",
+        np.asarray(arch.dispatch_order).tolist(),
+        f"must be a permutation of the SM slots 0..{n - 1}",
+    )
+    check(bool(np.any(arch.sm_enabled)), "sm_enabled", "all False", "at least one SM must be enabled")
+    enabled = np.asarray(arch.sm_enabled)
+    k = int(enabled.sum())
+    check(
+        bool(np.all(enabled[:k])),
+        "sm_enabled",
+        enabled.astype(int).tolist(),
+        "enabled SMs come first (slot i is %smid i), floorswept slots last",
+    )
+    tpc = np.asarray(arch.sm_tpc)
+    gpc = np.asarray(arch.sm_gpc)
+    for t in np.unique(tpc):
+        members = np.flatnonzero(tpc == t)
+        check(len(members) <= 2, "sm_tpc", int(t), "a TPC holds at most 2 SMs")
+        check(len(set(gpc[members])) == 1, "sm_gpc", gpc[members].tolist(), f"TPC {t} spans GPCs")
+    for key in _INT_FIELDS:
+        value = int(getattr(arch, key))
+        check(value > 0 or key == "reserved_smem_per_block_bytes", key, value, "must be positive")
+    check(int(arch.reserved_smem_per_block_bytes) >= 0, "reserved_smem_per_block_bytes",
+          int(arch.reserved_smem_per_block_bytes), "must be >= 0")
+    for key in _FLOAT_FIELDS:
+        value = float(getattr(arch, key))
+        check(np.isfinite(value) and value > 0, key, value, "must be a positive finite number")
+    check(
+        int(arch.max_threads_per_sm) % arch.warp_size == 0,
+        "max_threads_per_sm",
+        int(arch.max_threads_per_sm),
+        f"must be a multiple of the warp size {arch.warp_size}",
+    )
+    check(
+        int(arch.max_threads_per_block) <= int(arch.max_threads_per_sm),
+        "max_threads_per_block",
+        int(arch.max_threads_per_block),
+        f"<= max_threads_per_sm ({int(arch.max_threads_per_sm)})",
+    )
+    check(
+        int(arch.smem_per_block_optin_bytes) + int(arch.reserved_smem_per_block_bytes)
+        <= int(arch.smem_per_sm_bytes),
+        "smem_per_block_optin_bytes",
+        int(arch.smem_per_block_optin_bytes),
+        f"opt-in + reserved must fit in smem_per_sm_bytes ({int(arch.smem_per_sm_bytes)})",
+    )
+    carve = np.asarray(arch.smem_carveout_kib)
+    check(
+        int(carve[-1]) * 1024 == int(arch.smem_per_sm_bytes),
+        "smem_carveout_kib",
+        carve.tolist(),
+        f"the largest carveout must equal smem_per_sm_bytes ({int(arch.smem_per_sm_bytes)} B)",
+    )
+    check(bool(np.all(np.diff(carve) >= 0)), "smem_carveout_kib", carve.tolist(), "ascending")
+    for key in ("latency_cycles", "issue_cycles"):
+        arr = np.asarray(getattr(arch, key))
+        check(arr.shape == (N_OPS,), key, arr.tolist(), f"one entry per op class {OP_NAMES}")
+        check(bool(np.all(arr >= 1)), key, arr.tolist(), "every entry >= 1 cycle")
+    check(
+        float(arch.base_clock_ghz) <= float(arch.boost_clock_ghz),
+        "base_clock_ghz",
+        float(arch.base_clock_ghz),
+        f"<= boost_clock_ghz ({float(arch.boost_clock_ghz)})",
+    )
+    check(arch.schedulers_per_sm > 0, "schedulers_per_sm", arch.schedulers_per_sm, "positive")
+    check(arch.warp_size == 32, "warp_size", arch.warp_size, "every NVIDIA GPU so far uses 32")
+
