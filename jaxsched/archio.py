@@ -1,0 +1,192 @@
+"""Read and write an `Arch` as TOML, so users can describe their own chip.
+
+Schema (every section optional when `base` names a preset to start from):
+
+    base = "h200"                     # optional: start from a preset, override below
+    name = "my-chip"
+    compute_capability = [9, 0]
+    schedulers_per_sm = 4
+    warp_size = 32
+
+    [hierarchy]                       # compact form: GPCs of TPC sites (2 SMs each) ...
+    gpc_tpcs_full = [9, 9, 9, 9, 9, 9, 9, 9]
+    gpc_tpcs_enabled = [9, 9, 8, 8, 8, 8, 8, 8]
+    die_mm = [33.0, 24.7]
+    gpc_rows = 2
+
+    [sm]                              # ... or explicit per-SM-slot arrays (what `save` writes)
+    enabled = [true, ...]; gpc = [...]; tpc = [...]; x_mm = [...]; y_mm = [...]
+    dispatch_order = [...]; die_mm = [33.0, 24.7]
+
+    [limits]   max_threads_per_sm = 2048 ... smem_carveout_kib = [0, 8, ...]
+    [pipes]    issue_width = 1, latency_cycles = {fma = 4, ...}, issue_cycles = {fma = 1, ...}
+    [memory]   l2_hit_latency_ns = 120.0 ...
+    [clocks]   base_clock_ghz = 1.59 ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+
+import numpy as np
+import tomli_w
+
+from . import presets
+from .arch import Arch, make_arch
+from .errors import JaxschedError, check
+from .hierarchy import build_hierarchy
+from .isa import OP_NAMES
+
+_TOP = ("name", "compute_capability", "schedulers_per_sm", "warp_size")
+_SECTIONS = {
+    "limits": (
+        "max_threads_per_block", "max_threads_per_sm", "max_blocks_per_sm", "regs_per_sm",
+        "regs_per_block", "max_regs_per_thread", "reg_alloc_unit", "smem_per_sm_bytes",
+        "smem_per_block_bytes", "smem_per_block_optin_bytes", "reserved_smem_per_block_bytes",
+        "smem_alloc_unit_bytes", "smem_carveout_kib", "barriers_per_block_slot",
+    ),
+    "pipes": ("issue_width", "latency_cycles", "issue_cycles"),
+    "memory": (
+        "l2_hit_latency_ns", "dram_latency_ns", "l2_bytes_per_ns", "dram_bytes_per_ns",
+        "smem_bytes_per_cycle", "mio_queue_depth",
+    ),
+    "clocks": ("base_clock_ghz", "boost_clock_ghz", "power_limit_w", "clock_step_mhz"),
+}
+_SM_KEYS = ("enabled", "gpc", "tpc", "x_mm", "y_mm", "dispatch_order", "die_mm")
+_HIERARCHY_KEYS = ("gpc_tpcs_full", "gpc_tpcs_enabled", "die_mm", "gpc_rows")
+_PER_OP = ("latency_cycles", "issue_cycles")
+
+
+def to_dict(arch: Arch) -> dict:
+    """The TOML document of `arch` as a plain dict (explicit per-SM arrays)."""
+    doc: dict = {key: _plain(getattr(arch, key)) for key in _TOP}
+    xy = np.asarray(arch.sm_xy_mm)
+    doc["sm"] = {
+        "enabled": _plain(arch.sm_enabled),
+        "gpc": _plain(arch.sm_gpc),
+        "tpc": _plain(arch.sm_tpc),
+        "x_mm": _plain(xy[:, 0]),
+        "y_mm": _plain(xy[:, 1]),
+        "dispatch_order": _plain(arch.dispatch_order),
+        "die_mm": _plain(arch.die_mm),
+    }
+    for section, keys in _SECTIONS.items():
+        doc[section] = {}
+        for key in keys:
+            value = _plain(getattr(arch, key))
+            if key in _PER_OP:
+                value = dict(zip(OP_NAMES, value))
+            doc[section][key] = value
+    carve = doc["limits"]["smem_carveout_kib"]
+    doc["limits"]["smem_carveout_kib"] = sorted(set(carve))
+    return doc
+
+
+def dumps(arch: Arch) -> str:
+    """TOML text of `arch`."""
+    return tomli_w.dumps(to_dict(arch))
+
+
+def save(arch: Arch, path: str | Path) -> None:
+    """Write `arch` as TOML."""
+    Path(path).write_text(dumps(arch))
+
+
+def loads(text: str, source: str = "<string>") -> Arch:
+    """Parse TOML text into a validated `Arch`."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise JaxschedError(source, "malformed TOML", str(exc)) from None
+    return from_dict(doc, source)
+
+
+def load(path: str | Path) -> Arch:
+    """Read an `Arch` from a TOML file."""
+    p = Path(path)
+    check(p.is_file(), "arch file", str(p), "no such file")
+    return loads(p.read_text(), source=str(p))
+
+
+def from_dict(doc: dict, source: str = "<dict>") -> Arch:
+    """Build an `Arch` from a parsed TOML document (see module docstring for the schema)."""
+    doc = dict(doc)
+    base_name = doc.pop("base", None)
+    fields: dict = {}
+    if base_name is not None:
+        base = presets.get(str(base_name))
+        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+    known = set(_TOP) | set(_SECTIONS) | {"sm", "hierarchy"}
+    for key in doc:
+        check(key in known, f"{source}: {key}", doc[key], f"unknown key; expected one of {sorted(known)}")
+    for key in _TOP:
+        if key in doc:
+            fields[key] = doc[key]
+    if "sm" in doc and "hierarchy" in doc:
+        raise JaxschedError(f"{source}: sm", "both [sm] and [hierarchy]", "give one of them")
+    if "hierarchy" in doc:
+        fields.update(_hierarchy(doc["hierarchy"], source))
+    if "sm" in doc:
+        fields.update(_sm(doc["sm"], source))
+    for section, keys in _SECTIONS.items():
+        table = doc.get(section, {})
+        check(isinstance(table, dict), f"{source}: [{section}]", table, "must be a table")
+        for key, value in table.items():
+            check(key in keys, f"{source}: {section}.{key}", value, f"unknown key; expected one of {list(keys)}")
+            if key in _PER_OP:
+                value = _per_op(value, f"{source}: {section}.{key}")
+            fields[key] = value
+    missing = [f.name for f in dataclasses.fields(Arch) if f.name not in fields]
+    check(not missing, f"{source}", f"missing {missing}", "every field is required unless `base` names a preset")
+    try:
+        return make_arch(**fields)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, JaxschedError):
+            raise JaxschedError(f"{source}: {exc.field}", exc.value, exc.limit) from None
+        raise JaxschedError(source, "bad value", str(exc)) from None
+
+
+def _hierarchy(table: dict, source: str) -> dict:
+    for key in table:
+        check(key in _HIERARCHY_KEYS, f"{source}: hierarchy.{key}", table[key], f"expected one of {_HIERARCHY_KEYS}")
+    for key in ("gpc_tpcs_full", "die_mm"):
+        check(key in table, f"{source}: hierarchy.{key}", None, "required")
+    full = [int(v) for v in table["gpc_tpcs_full"]]
+    enabled = [int(v) for v in table.get("gpc_tpcs_enabled", full)]
+    return build_hierarchy(full, enabled, tuple(table["die_mm"]), int(table.get("gpc_rows", 2)))
+
+
+def _sm(table: dict, source: str) -> dict:
+    for key in _SM_KEYS:
+        check(key in table, f"{source}: sm.{key}", None, "required in [sm]")
+    for key in table:
+        check(key in _SM_KEYS, f"{source}: sm.{key}", table[key], f"expected one of {_SM_KEYS}")
+    return dict(
+        sm_enabled=table["enabled"],
+        sm_gpc=table["gpc"],
+        sm_tpc=table["tpc"],
+        sm_xy_mm=np.stack([table["x_mm"], table["y_mm"]], axis=-1),
+        dispatch_order=table["dispatch_order"],
+        die_mm=table["die_mm"],
+    )
+
+
+def _per_op(value: object, field: str) -> list:
+    check(isinstance(value, dict), field, value, f"a table with keys {OP_NAMES}")
+    assert isinstance(value, dict)
+    for key in value:
+        check(key in OP_NAMES, f"{field}.{key}", value[key], f"unknown op class; expected {OP_NAMES}")
+    missing = [op for op in OP_NAMES if op not in value]
+    check(not missing, field, f"missing {missing}", f"every op class {OP_NAMES} is required")
+    return [value[op] for op in OP_NAMES]
+
+
+def _plain(value: object) -> object:
+    """numpy scalars/arrays -> Python scalars/lists that TOML can hold."""
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, (np.ndarray, np.generic)):
+        return np.asarray(value).tolist()
+    return value

@@ -1,0 +1,157 @@
+"""The `jaxsched` command line: one subcommand per task, bad input as one line and exit code 2."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from . import archio, presets
+from .arch import Arch
+from .errors import JaxschedError
+from .occupancy import CARVEOUT_DEFAULT, NO_LIMIT, occupancy
+
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
+
+
+def _command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    _COMMANDS[fn.__name__.removeprefix("cmd_")] = fn
+    return fn
+
+
+def load_arch(spec: str) -> Arch:
+    """A preset name or the path of an arch TOML file."""
+    if spec.endswith(".toml") or Path(spec).is_file():
+        return archio.load(spec)
+    return presets.get(spec)
+
+
+@_command
+def cmd_arch(args: argparse.Namespace) -> int:
+    arch = load_arch(args.name)
+    if args.toml:
+        sys.stdout.write(archio.dumps(arch))
+        return 0
+    doc = archio.to_dict(arch)
+    enabled = np.asarray(arch.sm_enabled)
+    gpcs = np.asarray(arch.sm_gpc)
+    per_gpc = [int(np.sum(enabled & (gpcs == g))) for g in range(int(gpcs.max()) + 1)]
+    print(f"{arch.name}: compute capability {arch.compute_capability[0]}.{arch.compute_capability[1]}")
+    print(f"  SMs: {arch.sm_count} enabled of {arch.n_sm_slots} on the die, "
+          f"{len(per_gpc)} GPCs (SMs per GPC: {per_gpc}), {len(np.unique(arch.sm_tpc[enabled]))} TPCs")
+    print(f"  schedulers per SM: {arch.schedulers_per_sm}, warp size {arch.warp_size}")
+    print(f"  dispatch order (first 16 %smid): {np.asarray(arch.dispatch_order)[:16].tolist()}")
+    for section in ("limits", "pipes", "memory", "clocks"):
+        print(f"  [{section}]")
+        for key, value in doc[section].items():
+            print(f"    {key} = {value}")
+    return 0
+
+
+def _limit_str(value: int) -> str:
+    return "none" if value == NO_LIMIT else str(value)
+
+
+@_command
+def cmd_occupancy(args: argparse.Namespace) -> int:
+    arch = load_arch(args.arch)
+    occ = occupancy(arch, args.threads, args.regs, args.smem, args.static_smem,
+                    carveout_percent=args.carveout, block_barriers=args.barriers)
+    sizes = np.arange(32, int(arch.max_threads_per_block) + 1, 32)
+    curve = occupancy(arch, sizes, args.regs, args.smem, args.static_smem,
+                      carveout_percent=args.carveout, block_barriers=args.barriers)
+    max_warps = int(arch.max_threads_per_sm) // arch.warp_size
+    result = {
+        "arch": arch.name,
+        "threads_per_block": args.threads,
+        "regs_per_thread": args.regs,
+        "dynamic_smem_bytes": args.smem,
+        "static_smem_bytes": args.static_smem,
+        "blocks_per_sm": int(occ.blocks_per_sm),
+        "warps_per_block": int(occ.warps_per_block),
+        "active_warps": int(occ.active_warps),
+        "max_warps_per_sm": max_warps,
+        "occupancy_percent": round(100.0 * float(occ.occupancy), 2),
+        "limiters": occ.limiters(),
+        "limits": {
+            "warps": int(occ.limit_warps),
+            "registers": int(occ.limit_registers),
+            "shared_memory": int(occ.limit_shared_memory),
+            "blocks": int(occ.limit_blocks),
+            "barriers": int(occ.limit_barriers),
+        },
+        "allocated": {
+            "registers_per_block": int(occ.regs_per_block_allocated),
+            "smem_per_block_bytes": int(occ.smem_per_block_allocated_bytes),
+            "smem_per_sm_bytes": int(occ.smem_per_sm_bytes),
+        },
+        "curve": [
+            {"threads_per_block": int(t), "blocks_per_sm": int(b),
+             "occupancy_percent": round(100.0 * float(o), 2)}
+            for t, b, o in zip(sizes, curve.blocks_per_sm, curve.occupancy)
+        ],
+    }
+    if args.json:
+        json.dump(result, sys.stdout, indent=2)
+        print()
+        return 0
+    print(f"{arch.name}: {args.threads} threads/block, {args.regs} registers/thread, "
+          f"{args.static_smem + args.smem} B shared/block")
+    print(f"  active blocks per SM : {result['blocks_per_sm']}")
+    print(f"  active warps per SM  : {result['active_warps']} of {max_warps}")
+    print(f"  occupancy            : {result['occupancy_percent']:.1f}%")
+    print(f"  limited by           : {', '.join(result['limiters']) or 'nothing'}")
+    print("  blocks allowed by    : " + ", ".join(
+        f"{k} {_limit_str(v)}" for k, v in result["limits"].items()))
+    print(f"  allocated per block  : {result['allocated']['registers_per_block']} registers, "
+          f"{result['allocated']['smem_per_block_bytes']} B shared "
+          f"(SM shared size {result['allocated']['smem_per_sm_bytes']} B)")
+    print("  occupancy over block size:")
+    for row in result["curve"]:
+        bar = "#" * int(round(row["occupancy_percent"] / 4))
+        mark = " <" if row["threads_per_block"] == args.threads else ""
+        print(f"    {row['threads_per_block']:5d} {row['blocks_per_sm']:3d} blocks "
+              f"{row['occupancy_percent']:6.1f}% {bar}{mark}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="jaxsched", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("arch", help="print an architecture preset or TOML file")
+    p.add_argument("name", help=f"preset ({', '.join(presets.names())}) or arch TOML path")
+    p.add_argument("--toml", action="store_true", help="print the full TOML description")
+
+    p = sub.add_parser("occupancy", help="CUDA occupancy calculator")
+    p.add_argument("--arch", default="h200", help="preset name or arch TOML path")
+    p.add_argument("--threads", type=int, required=True, help="threads per block")
+    p.add_argument("--regs", type=int, required=True, help="registers per thread")
+    p.add_argument("--smem", type=int, default=0, help="dynamic shared memory per block, bytes")
+    p.add_argument("--static-smem", type=int, default=0, help="static shared memory per block, bytes")
+    p.add_argument("--carveout", type=int, default=CARVEOUT_DEFAULT,
+                   help="preferred shared-memory carveout percent (-1: default)")
+    p.add_argument("--barriers", type=int, default=1, help="CTA barriers used by the kernel")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except JaxschedError as exc:
+        print(f"jaxsched {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # output piped into `head`: not an error
+        sys.stdout = open(os.devnull, "w")
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
