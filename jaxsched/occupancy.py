@@ -169,7 +169,9 @@ def occupancy(
         factors = factors | jnp.where(uses_bars & (limit == limit_bars), int(Limiter.BARRIERS), 0)
     else:
         limit_bars = jnp.full(threads.shape, NO_LIMIT, dtype=jnp.int32)
-    limit = jnp.where(threads > 0, limit, 0)
+    # Inputs CUDA's calculator rejects (it returns an error) give 0 blocks under tracing.
+    accepted = (threads > 0) & ((carve == CARVEOUT_DEFAULT) | ((carve >= 0) & (carve <= 100)))
+    limit = jnp.where(accepted & (bars >= 0) & (bars <= 16), limit, 0)
 
     active_warps = limit * warps
     return Occupancy(

@@ -79,7 +79,7 @@ def main() -> None:
             preset_names=np.array(presets.names()),
             device_fields=np.array(oracle.DEVICE_FIELDS),
             device_props=np.array(props, dtype=np.int64),
-            header_path=np.array(str(orc.header)),
+            header_path=np.array(str(orc.header.resolve())),
             header_sha256=np.array(oracle.header_sha256(orc.header)),
             **arrays,
         )
