@@ -1,0 +1,171 @@
+"""One tick: every SM whose clock edge falls in it runs one cycle (docs/model.md sections 7-8).
+
+All SMs are processed at once; SMs without a clock edge in this tick are masked. Orders that
+matter (schedulers within an SM for the MIO backlog, (SM, scheduler) for the chip's L2 and
+DRAM queues) become exclusive prefix sums, which is what the sequential order defines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Int
+
+from ..isa import Op
+from ..lower import QUEUE_ONE_TICK, Launch, Shapes
+from .state import N_PIPES, State
+from .status import INF, SELECTED, WarpStatus, count_reasons, warp_status
+from .variation import resolve_pc
+
+LRR, GTO, OLDEST = 0, 1, 2
+
+
+def clock_edges(state: State, launch: Launch) -> tuple[Bool[Array, " sm"], Int[Array, " sm"]]:
+    """Which SMs execute a cycle in this tick, and their phase accumulators afterwards."""
+    acc = state.acc + launch.sm_freq_mhz
+    edge = (acc >= launch.tick_mhz) & launch.sm_enabled
+    return edge, jnp.where(edge, acc - launch.tick_mhz, acc)
+
+
+def select(
+    state: State, launch: Launch, shapes: Shapes, st: WarpStatus, edge: Bool[Array, " sm"]
+) -> tuple[Bool[Array, "sm warp"], Bool[Array, "sm sched"], Int[Array, "sm sched"]]:
+    """Each scheduler picks at most one eligible warp by the warp policy (minimum key)."""
+    n_q, n_j = shapes.warps_per_scheduler, shapes.schedulers
+    slot = jnp.arange(shapes.warp_slots, dtype=jnp.int32)
+    q, j = slot // n_j, slot % n_j
+    last = state.last[:, j]
+    key = jnp.select(
+        [launch.warp_policy == LRR, launch.warp_policy == GTO],
+        [(q - last - 1) % n_q, jnp.where(q == last, -1, state.warps.age)],
+        state.warps.age,
+    )
+    candidate = st.eligible & edge[:, None]
+    masked = jnp.where(candidate, key, INF).reshape(-1, n_q, n_j)
+    q_sel = jnp.argmin(masked, axis=1).astype(jnp.int32)
+    has = jnp.any(candidate.reshape(-1, n_q, n_j), axis=1)
+    sel = (jnp.arange(n_q, dtype=jnp.int32)[None, :, None] == q_sel[:, None, :]) & has[:, None, :]
+    return sel.reshape(-1, shapes.warp_slots), has, q_sel
+
+
+def _per_scheduler(x: Array, sel: Array, shapes: Shapes) -> Array:
+    """Sum over each scheduler's warps of `x` where selected: [sm, warp] -> [sm, sched]."""
+    return jnp.sum(jnp.where(sel, x, 0).reshape(-1, shapes.warps_per_scheduler, shapes.schedulers), axis=1, dtype=jnp.int32)
+
+
+def _per_cta(x: Array, launch: Launch, shapes: Shapes) -> Array:
+    """Sum of `x` [sm, warp] over each CTA slot's warps (slots j*W .. j*W+W-1): [sm, cta]."""
+    csum = jnp.concatenate([jnp.zeros_like(x[:, :1]), jnp.cumsum(x, axis=1, dtype=jnp.int32)], axis=1)
+    bounds = jnp.minimum(jnp.arange(shapes.cta_slots + 1, dtype=jnp.int32) * launch.warps_per_cta, shapes.warp_slots)
+    at = csum[:, bounds]
+    return at[:, 1:] - at[:, :-1]
+
+
+def _ceil_ticks(queue: Array) -> Array:
+    return (queue + QUEUE_ONE_TICK - 1) // QUEUE_ONE_TICK
+
+
+def run_tick(state: State, launch: Launch, shapes: Shapes) -> State:
+    """Execute the SM cycles of tick `state.tick` (section 7) and complete CTAs; no dispatch."""
+    k = state.tick
+    edge, acc = clock_edges(state, launch)
+    c = state.cycle
+    st = warp_status(state, launch, shapes, c, k)
+    sel, has, q_sel = select(state, launch, shapes, st, edge)
+    w = state.warps
+    j_of = jnp.arange(shapes.warp_slots, dtype=jnp.int32) % shapes.schedulers
+    op = st.op
+
+    # MIO: schedulers in index order share the SM's backlog.
+    mio_cost = _per_scheduler(st.mio_cost, sel, shapes)
+    mio_before = state.mio[:, None] + jnp.cumsum(mio_cost, axis=1, dtype=jnp.int32) - mio_cost
+    is_short = (op == Op.LDS) | (op == Op.SHFL)
+    ready_mio = jnp.where(
+        sel & is_short,
+        jnp.maximum(w.ready_mio, c[:, None] + mio_before[:, j_of] + st.mio_cost + st.lat),
+        w.ready_mio,
+    )
+    mio = state.mio + jnp.sum(mio_cost, axis=1, dtype=jnp.int32)
+
+    # Fixed-latency pipes.
+    has_pipe = op < N_PIPES
+    ready_fixed = jnp.where(sel & has_pipe, jnp.maximum(w.ready_fixed, c[:, None] + st.lat), w.ready_fixed)
+    sel_op = _per_scheduler(op, sel, shapes)
+    sel_issue = _per_scheduler(st.issue, sel, shapes)
+    hits_pipe = has[..., None] & (sel_op[..., None] == jnp.arange(N_PIPES, dtype=jnp.int32))
+    pipe_free = jnp.where(hits_pipe, c[:, None, None] + sel_issue[..., None], state.pipe_free)
+
+    # Chip-wide L2 and DRAM queues, in (SM, scheduler) order.
+    l2 = _per_scheduler(st.l2_cost, sel, shapes)
+    dram = _per_scheduler(st.dram_cost, sel, shapes)
+    l2_after = state.q_l2 + jnp.cumsum(l2.reshape(-1), dtype=jnp.int32).reshape(l2.shape)
+    dram_after = state.q_dram + jnp.cumsum(dram.reshape(-1), dtype=jnp.int32).reshape(dram.shape)
+    delay = jnp.maximum(_ceil_ticks(l2_after), _ceil_ticks(dram_after))
+    ready_mem = jnp.where(
+        sel & (op == Op.LDG), jnp.maximum(w.ready_mem, k + st.mem_lat + delay[:, j_of]), w.ready_mem
+    )
+
+    # Barrier arrival, exit, next pc.
+    arrive = sel & (op == Op.BAR)
+    exits = sel & (op == Op.EXIT)
+    back = sel & (w.pc == launch.loop_end) & (w.trips_left > 1)
+    trips_left = jnp.where(back, w.trips_left - 1, w.trips_left)
+    next_pc = resolve_pc(
+        launch, jnp.where(back, launch.loop_start, w.pc + 1), trips_left, w.if_lanes, w.lanes
+    )
+
+    cta_arrived = state.cta_arrived + _per_cta(arrive.astype(jnp.int32), launch, shapes)
+    cta_live = state.cta_live - _per_cta(exits.astype(jnp.int32), launch, shapes)
+    occupied = state.cta_id >= 0
+    release = occupied & (cta_arrived == cta_live) & (cta_arrived > 0)
+    complete = occupied & (cta_live == 0)
+    cta_of_warp = jnp.minimum(jnp.arange(shapes.warp_slots, dtype=jnp.int32) // launch.warps_per_cta, shapes.cta_slots - 1)
+    released = release[:, cta_of_warp]
+
+    warps = replace(
+        w,
+        active=w.active & ~exits,
+        pc=jnp.where(sel, next_pc, w.pc),
+        trips_left=trips_left,
+        at_barrier=(w.at_barrier | arrive) & ~released,
+        ready_fixed=ready_fixed,
+        ready_mio=ready_mio,
+        ready_mem=ready_mem,
+    )
+
+    # Counters use the start-of-cycle state; 'selected' for the issuing warps.
+    n_done = jnp.sum(complete, dtype=jnp.int32)
+    counters = state.counters
+    cycles = edge.astype(jnp.int64)
+    active_warps = jnp.sum(w.active, axis=1, dtype=jnp.int32)
+    reason = jnp.where(sel, SELECTED, st.reason)
+    end_ids = jnp.where(complete, state.cta_id, shapes.max_ctas)  # out of range: dropped
+    counters = replace(
+        counters,
+        sm_cycles=counters.sm_cycles + cycles,
+        sm_busy_cycles=counters.sm_busy_cycles + cycles * (active_warps > 0),
+        sm_issued=counters.sm_issued + jnp.sum(sel, axis=1),
+        sm_active_lanes=counters.sm_active_lanes + jnp.sum(jnp.where(sel, st.active_lanes, 0), axis=1),
+        sm_warp_cycles=counters.sm_warp_cycles + cycles * active_warps,
+        sm_stalls=counters.sm_stalls + count_reasons(reason, edge),
+        cta_end_tick=counters.cta_end_tick.at[end_ids.reshape(-1)].set(k, mode="drop"),
+    )
+    return replace(
+        state,
+        acc=acc,
+        cycle=c + edge,
+        mio=jnp.where(edge, jnp.maximum(mio - 1, 0), state.mio),
+        pipe_free=pipe_free,
+        last=jnp.where(has, q_sel, state.last),
+        cta_id=jnp.where(complete, -1, state.cta_id),
+        cta_live=cta_live,
+        cta_arrived=jnp.where(release, 0, cta_arrived),
+        resident=state.resident - jnp.sum(complete, axis=1, dtype=jnp.int32),
+        warps=warps,
+        q_l2=state.q_l2 + jnp.sum(l2, dtype=jnp.int32),
+        q_dram=state.q_dram + jnp.sum(dram, dtype=jnp.int32),
+        ctas_done=state.ctas_done + n_done,
+        last_exit_tick=jnp.where(n_done > 0, k, state.last_exit_tick),
+        counters=counters,
+    )

@@ -1,0 +1,81 @@
+"""Event skipping (docs/model.md section 11): jump to the next tick at which anything can change.
+
+After a tick, every warp's blocks clear at known cycles (its SM's clock) or ticks (memory). The
+next event is the earliest of those over all SMs; the ticks before it are skipped in one go,
+adding to each SM's counters the cycles it executes meanwhile, with the stall reasons that hold
+throughout. The result is exactly the tick-by-tick model (checked against the reference).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import jax.numpy as jnp
+from jaxtyping import Array, Int
+
+from ..lower import QUEUE_ONE_TICK, Launch, Shapes
+from .state import State
+from .status import INF, count_reasons, warp_status
+
+_MAX_AHEAD_CYCLES = 1 << 17  # x MAX_MHZ stays in int32; a farther event just comes early
+
+
+def ticks_until_cycle(
+    state: State, launch: Launch, cycle_index: Int[Array, " sm"]
+) -> Int[Array, " sm"]:
+    """Ticks from the current tick until SM s executes cycle `cycle_index` (>= its next cycle).
+
+    The n-th future edge comes after `ceil((n F - acc) / f)` ticks (phase accumulator).
+    """
+    n = jnp.clip(cycle_index - state.cycle + 1, 1, _MAX_AHEAD_CYCLES)
+    f = jnp.maximum(launch.sm_freq_mhz, 1)
+    return (n * launch.tick_mhz - state.acc + f - 1) // f
+
+
+def cycles_in_ticks(
+    state: State, launch: Launch, ticks: Int[Array, ""]
+) -> tuple[Int[Array, " sm"], Int[Array, " sm"]]:
+    """Cycles each SM executes in the next `ticks` ticks, and its accumulator afterwards.
+
+    Splits ticks = a F + b so that nothing overflows int32: a F f is a whole a f cycles.
+    """
+    a, b = ticks // launch.tick_mhz, ticks % launch.tick_mhz
+    f = launch.sm_freq_mhz
+    partial = state.acc + b * f
+    return a * f + partial // launch.tick_mhz, partial % launch.tick_mhz
+
+
+def skip_to_next_event(state: State, launch: Launch, shapes: Shapes) -> State:
+    """Advance from the tick just executed (state.tick) to the next event tick."""
+    k = state.tick
+    st = warp_status(state, launch, shapes, state.cycle, k + 1)
+    clear_cycle = jnp.min(st.clear_cycle, axis=1)
+    by_cycle = jnp.where(clear_cycle < INF, k + ticks_until_cycle(state, launch, clear_cycle), INF)
+    by_tick = jnp.min(st.clear_tick, axis=1)
+    per_sm = jnp.where(launch.sm_enabled, jnp.minimum(by_cycle, by_tick), INF)
+    nxt = jnp.min(per_sm)
+    nxt = jnp.where(nxt < INF, nxt, k + 1)  # nothing pending (only after the last CTA)
+    skipped = nxt - k - 1
+
+    cycles, acc = cycles_in_ticks(state, launch, skipped)
+    active_warps = jnp.sum(state.warps.active, axis=1, dtype=jnp.int32)
+    weight = cycles.astype(jnp.int64)
+    counters = state.counters
+    counters = replace(
+        counters,
+        sm_cycles=counters.sm_cycles + weight,
+        sm_busy_cycles=counters.sm_busy_cycles + weight * (active_warps > 0),
+        sm_warp_cycles=counters.sm_warp_cycles + weight * active_warps,
+        sm_stalls=counters.sm_stalls + count_reasons(st.reason, cycles),
+    )
+    drained = jnp.minimum(skipped + 1, 1 << 20) * QUEUE_ONE_TICK
+    return replace(
+        state,
+        tick=nxt,
+        acc=acc,
+        cycle=state.cycle + cycles,
+        mio=jnp.maximum(state.mio - cycles, 0),
+        q_l2=jnp.maximum(state.q_l2 - drained, 0),
+        q_dram=jnp.maximum(state.q_dram - drained, 0),
+        counters=counters,
+    )

@@ -1,0 +1,218 @@
+"""Run a configuration to completion: tick, dispatch, skip to the next event, until the grid is done.
+
+`simulate` runs one configuration; `simulate_batch` runs a stack of them under one `jit(vmap)`
+with every swept number traced (architecture, kernel, clocks and policy parameters), so a whole
+sweep of equal static shapes compiles once. Counters are int64: the engine runs under
+`jax.enable_x64`, while the hot per-warp state stays int32.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Bool, Float, Int
+
+from .. import clocks as clocks_mod
+from ..arch import Arch
+from ..clocks import Clocks
+from ..errors import check
+from ..kernel import Kernel
+from ..lower import DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, policy_index, shapes_for, validate
+from .cycle import run_tick
+from .dispatch import dispatch
+from .events import skip_to_next_event
+from .state import STALL_REASONS, State, initial_state
+
+MAX_TICKS = 1 << 30  # ~0.54 s at 1.98 GHz; int32 ticks leave headroom above it
+
+
+class Result(eqx.Module):
+    """Outputs of one configuration (or a batch: a leading axis on every field)."""
+
+    makespan_ticks: Int[Array, ""]
+    makespan_ns: Float[Array, ""]
+    makespan_cycles: Float[Array, ""]  # cycles of the nominal (boost) clock
+    tick_mhz: Int[Array, ""]
+    completed: Bool[Array, ""]  # False if max_ticks ran out first
+    sm_cycles: Int[Array, " sm"]
+    sm_busy_cycles: Int[Array, " sm"]
+    sm_issued: Int[Array, " sm"]
+    sm_active_lanes: Int[Array, " sm"]
+    sm_warp_cycles: Int[Array, " sm"]
+    sm_stalls: Int[Array, "sm reason"]
+    sm_ctas: Int[Array, " sm"]
+    cta_sm: Int[Array, " grid"]
+    cta_start_tick: Int[Array, " grid"]
+    cta_end_tick: Int[Array, " grid"]
+    max_warps_per_sm: int = eqx.field(static=True)
+
+    stall_reasons = STALL_REASONS
+
+    @property
+    def ipc(self) -> np.ndarray:
+        """Issued instructions per busy cycle, per SM."""
+        return np.asarray(self.sm_issued) / np.maximum(np.asarray(self.sm_busy_cycles), 1)
+
+    @property
+    def achieved_occupancy(self) -> np.ndarray:
+        """Mean resident warps per busy cycle over the SM's warp slots, per SM."""
+        busy = np.maximum(np.asarray(self.sm_busy_cycles), 1)
+        return np.asarray(self.sm_warp_cycles) / busy / self.max_warps_per_sm
+
+    @property
+    def simt_efficiency(self) -> np.ndarray:
+        """Active lanes per issued instruction over 32 (whole kernel)."""
+        issued = np.sum(np.asarray(self.sm_issued), axis=-1)
+        return np.sum(np.asarray(self.sm_active_lanes), axis=-1) / np.maximum(32 * issued, 1)
+
+    @property
+    def cta_start_ns(self) -> np.ndarray:
+        return np.asarray(self.cta_start_tick) * 1000.0 / np.asarray(self.tick_mhz)[..., None]
+
+    @property
+    def cta_end_ns(self) -> np.ndarray:
+        return (np.asarray(self.cta_end_tick) + 1) * 1000.0 / np.asarray(self.tick_mhz)[..., None]
+
+
+def run_launch(launch: Launch, shapes: Shapes, max_ticks: int) -> State:
+    """The event loop of one configuration (vmappable)."""
+
+    def step(state: State) -> State:
+        state = run_tick(state, launch, shapes)
+        state = dispatch(state, launch, shapes, state.tick)
+        done = state.ctas_done >= launch.n_ctas
+        advanced = skip_to_next_event(state, launch, shapes)
+        return jax.tree.map(lambda a, b: jnp.where(done, a, b), state, advanced)
+
+    def running(state: State) -> Array:
+        return (state.ctas_done < launch.n_ctas) & (state.tick < max_ticks)
+
+    return jax.lax.while_loop(running, step, initial_state(shapes))
+
+
+def _run_config(
+    arch: Arch,
+    kernel: Kernel,
+    clocks: Clocks,
+    warp_policy: Array,
+    dispatch_policy: Array,
+    dispatch_start: Array,
+    *,
+    shapes: Shapes,
+    max_ticks: int,
+) -> Result:
+    launch = lower(arch, kernel, clocks, warp_policy, dispatch_policy, dispatch_start)
+    final = run_launch(launch, shapes, max_ticks)
+    c = final.counters
+    ticks = final.last_exit_tick + 1
+    ns = ticks.astype(jnp.float64) * 1000.0 / launch.tick_mhz
+    return Result(
+        makespan_ticks=ticks,
+        makespan_ns=ns,
+        makespan_cycles=ns * arch.boost_clock_ghz.astype(jnp.float64),
+        tick_mhz=launch.tick_mhz,
+        completed=final.ctas_done >= launch.n_ctas,
+        sm_cycles=c.sm_cycles,
+        sm_busy_cycles=c.sm_busy_cycles,
+        sm_issued=c.sm_issued,
+        sm_active_lanes=c.sm_active_lanes,
+        sm_warp_cycles=c.sm_warp_cycles,
+        sm_stalls=c.sm_stalls,
+        sm_ctas=c.sm_ctas,
+        cta_sm=c.cta_sm,
+        cta_start_tick=c.cta_start_tick,
+        cta_end_tick=c.cta_end_tick,
+        max_warps_per_sm=shapes.warp_slots,
+    )
+
+
+@functools.partial(jax.jit, static_argnames=("shapes", "max_ticks", "batched"))
+def _compiled(arch, kernel, clocks, wp, dp, ds, *, shapes: Shapes, max_ticks: int, batched: bool):
+    fn = functools.partial(_run_config, shapes=shapes, max_ticks=max_ticks)
+    return jax.vmap(fn)(arch, kernel, clocks, wp, dp, ds) if batched else fn(arch, kernel, clocks, wp, dp, ds)
+
+
+def _check_done(result: Result, max_ticks: int) -> None:
+    done = np.asarray(result.completed)
+    check(bool(np.all(done)), "max_ticks", max_ticks,
+          f"{int(np.sum(~done))} configuration(s) did not finish; raise max_ticks")
+
+
+def simulate(
+    arch: Arch,
+    kernel: Kernel,
+    clocks: Clocks | None = None,
+    *,
+    warp_policy: str | int = "gto",
+    dispatch: str | int = "hardware",
+    dispatch_start: int = 0,
+    max_ticks: int = MAX_TICKS,
+) -> Result:
+    """Simulate one kernel launch on one chip. Policies: warp `lrr`/`gto`/`oldest`, dispatch
+    `hardware`/`round_robin`; `dispatch_start` rotates the hardware SM order."""
+    clocks = clocks_mod.uniform(arch) if clocks is None else clocks
+    validate(arch, kernel, clocks)
+    wp = np.int32(policy_index(warp_policy, WARP_POLICIES, "warp_policy"))
+    dp = np.int32(policy_index(dispatch, DISPATCH_POLICIES, "dispatch"))
+    with jax.enable_x64(True):
+        result = _compiled(arch, kernel, clocks, wp, dp, np.int32(dispatch_start),
+                           shapes=shapes_for(arch, kernel), max_ticks=max_ticks, batched=False)
+        result = jax.device_get(result)
+    _check_done(result, max_ticks)
+    return result
+
+
+def stack(items: Sequence[eqx.Module]) -> eqx.Module:
+    """Stack equal-shaped pytrees (Arch, Kernel, Clocks) along a new leading batch axis."""
+    return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *items)
+
+
+def simulate_batch(
+    archs: Sequence[Arch],
+    kernels: Sequence[Kernel],
+    clocks: Sequence[Clocks],
+    warp_policy: ArrayLike,
+    dispatch: ArrayLike,
+    dispatch_start: ArrayLike,
+    *,
+    max_ticks: int = MAX_TICKS,
+) -> Result:
+    """Simulate N configurations in one vmapped call (one compilation for equal static shapes).
+
+    Policies are integer arrays of length N (indices into `WARP_POLICIES`/`DISPATCH_POLICIES`).
+    """
+    n = len(archs)
+    check(len(kernels) == n and len(clocks) == n, "batch", (n, len(kernels), len(clocks)),
+          "archs, kernels and clocks must have the same length")
+    for a, k, c in zip(archs, kernels, clocks):
+        validate(a, k, c)
+    shape_set = {dataclass_key(shapes_for(a, k)) for a, k in zip(archs, kernels)}
+    check(len({s[:-1] for s in shape_set}) == 1, "batch", sorted(shape_set),
+          "every configuration needs the same SM slots, warp/CTA slots and program length "
+          "(pad programs with make_kernel(pad_to=...))")
+    base = shapes_for(archs[0], kernels[0])
+    shapes = Shapes(**{**base.__dict__, "max_ctas": max(s[-1] for s in shape_set)})
+    kernels = [_pad_grid_independent(k) for k in kernels]
+    as_i32 = lambda v: np.broadcast_to(np.asarray(v, dtype=np.int32), (n,))  # noqa: E731
+    with jax.enable_x64(True):
+        result = _compiled(stack(archs), stack(kernels), stack(clocks), as_i32(warp_policy),
+                           as_i32(dispatch), as_i32(dispatch_start), shapes=shapes,
+                           max_ticks=max_ticks, batched=True)
+        result = jax.device_get(result)
+    _check_done(result, max_ticks)
+    return result
+
+
+def dataclass_key(shapes: Shapes) -> tuple[int, ...]:
+    return (shapes.n_sm, shapes.warp_slots, shapes.cta_slots, shapes.schedulers, shapes.n_instr,
+            shapes.max_ctas)
+
+
+def _pad_grid_independent(kernel: Kernel) -> Kernel:
+    """Kernels differ in grid size only through the traced `grid_ctas` (nothing to pad)."""
+    return kernel

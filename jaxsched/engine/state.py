@@ -1,0 +1,126 @@
+"""The JAX engine's evolving state: SMs, warp slots, CTA slots, chip queues, counters.
+
+Shapes are static (`lower.Shapes`): `sm` SM slots, `warp` warp slots per SM (slot `4q + j`
+belongs to scheduler `j`), `cta` CTA slots per SM, `grid` the per-CTA trace length.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Int
+
+from ..lower import Shapes
+
+N_PIPES = 3  # FMA, ALU, SFU: the pipes with an issue interval (isa.Op values 0..2)
+N_STALLS = 8
+STALL_REASONS = (
+    "selected",
+    "not_selected",
+    "long_scoreboard",
+    "short_scoreboard",
+    "wait",
+    "barrier",
+    "mio_throttle",
+    "math_pipe_throttle",
+)
+
+
+class Warps(eqx.Module):
+    """Per warp slot."""
+
+    active: Bool[Array, "sm warp"]
+    pc: Int[Array, "sm warp"]
+    trips_left: Int[Array, "sm warp"]
+    lanes: Int[Array, "sm warp"]
+    if_lanes: Int[Array, "sm warp"]
+    age: Int[Array, "sm warp"]
+    at_barrier: Bool[Array, "sm warp"]
+    ready_fixed: Int[Array, "sm warp"]  # SM cycle
+    ready_mio: Int[Array, "sm warp"]  # SM cycle
+    ready_mem: Int[Array, "sm warp"]  # tick
+
+
+class Counters(eqx.Module):
+    """Outputs accumulated while running (docs/model.md section 10). Per-SM counts are int64:
+    64 warps x 2e9 cycles would overflow int32 within a few milliseconds of simulated time."""
+
+    sm_cycles: Int[Array, " sm"]
+    sm_busy_cycles: Int[Array, " sm"]
+    sm_issued: Int[Array, " sm"]
+    sm_active_lanes: Int[Array, " sm"]
+    sm_warp_cycles: Int[Array, " sm"]
+    sm_stalls: Int[Array, "sm reason"]
+    sm_ctas: Int[Array, " sm"]
+    cta_sm: Int[Array, " grid"]
+    cta_start_tick: Int[Array, " grid"]
+    cta_end_tick: Int[Array, " grid"]
+
+
+class State(eqx.Module):
+    tick: Int[Array, ""]  # the next tick to process
+    acc: Int[Array, " sm"]  # clock phase accumulators
+    cycle: Int[Array, " sm"]  # cycles executed
+    mio: Int[Array, " sm"]  # MIO backlog, cycles
+    pipe_free: Int[Array, "sm sched pipe"]
+    last: Int[Array, "sm sched"]  # last issued warp (q index) per scheduler, -1 none
+    cta_id: Int[Array, "sm cta"]  # -1 free
+    cta_live: Int[Array, "sm cta"]
+    cta_arrived: Int[Array, "sm cta"]
+    resident: Int[Array, " sm"]  # CTAs resident
+    warps: Warps
+    q_l2: Int[Array, ""]
+    q_dram: Int[Array, ""]
+    next_cta: Int[Array, ""]
+    rr_pointer: Int[Array, ""]
+    ctas_done: Int[Array, ""]
+    last_exit_tick: Int[Array, ""]
+    counters: Counters
+
+
+def initial_state(shapes: Shapes) -> State:
+    s, w, c, j = shapes.n_sm, shapes.warp_slots, shapes.cta_slots, shapes.schedulers
+    zi = lambda *shape: jnp.zeros(shape, jnp.int32)  # noqa: E731
+    zl = lambda *shape: jnp.zeros(shape, jnp.int64)  # noqa: E731  (needs jax.enable_x64)
+    return State(
+        tick=zi(),
+        acc=zi(s),
+        cycle=zi(s),
+        mio=zi(s),
+        pipe_free=zi(s, j, N_PIPES),
+        last=jnp.full((s, j), -1, jnp.int32),
+        cta_id=jnp.full((s, c), -1, jnp.int32),
+        cta_live=zi(s, c),
+        cta_arrived=zi(s, c),
+        resident=zi(s),
+        warps=Warps(
+            active=jnp.zeros((s, w), bool),
+            pc=zi(s, w),
+            trips_left=zi(s, w),
+            lanes=zi(s, w),
+            if_lanes=zi(s, w),
+            age=zi(s, w),
+            at_barrier=jnp.zeros((s, w), bool),
+            ready_fixed=zi(s, w),
+            ready_mio=zi(s, w),
+            ready_mem=zi(s, w),
+        ),
+        q_l2=zi(),
+        q_dram=zi(),
+        next_cta=zi(),
+        rr_pointer=zi(),
+        ctas_done=zi(),
+        last_exit_tick=zi(),
+        counters=Counters(
+            sm_cycles=zl(s),
+            sm_busy_cycles=zl(s),
+            sm_issued=zl(s),
+            sm_active_lanes=zl(s),
+            sm_warp_cycles=zl(s),
+            sm_stalls=zl(s, N_STALLS),
+            sm_ctas=zi(s),
+            cta_sm=jnp.full((shapes.max_ctas,), -1, jnp.int32),
+            cta_start_tick=zi(shapes.max_ctas),
+            cta_end_tick=zi(shapes.max_ctas),
+        ),
+    )

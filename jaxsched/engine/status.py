@@ -1,0 +1,103 @@
+"""What every warp slot is doing at a given SM cycle and tick (docs/model.md section 7).
+
+One function serves both uses: deciding who may issue in the cycle being executed, and, for
+event skipping, the stall reasons that hold until the next event and when each block clears.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Int
+
+from ..isa import Op
+from ..lower import Launch, Shapes
+from .state import N_PIPES, State
+
+INF = jnp.iinfo(jnp.int32).max
+
+# Stall-reason codes (index into state.STALL_REASONS); -1 marks an empty or exited slot.
+SELECTED, NOT_SELECTED, LONG_SB, SHORT_SB, WAIT, BARRIER, MIO_THROTTLE, PIPE_THROTTLE = range(8)
+
+
+class WarpStatus(NamedTuple):
+    """Per warp slot [sm, warp]: the instruction at pc, eligibility and blocking."""
+
+    op: Int[Array, "sm warp"]
+    lat: Int[Array, "sm warp"]
+    issue: Int[Array, "sm warp"]
+    mio_cost: Int[Array, "sm warp"]
+    mem_lat: Int[Array, "sm warp"]
+    l2_cost: Int[Array, "sm warp"]
+    dram_cost: Int[Array, "sm warp"]
+    active_lanes: Int[Array, "sm warp"]
+    eligible: Bool[Array, "sm warp"]
+    reason: Int[Array, "sm warp"]  # stall reason if it does not issue; -1 if no warp
+    clear_cycle: Int[Array, "sm warp"]  # earliest cycle a cycle-counted block clears (INF: none)
+    clear_tick: Int[Array, "sm warp"]  # tick the long scoreboard clears (INF: not blocked)
+
+
+def warp_status(
+    state: State, launch: Launch, shapes: Shapes, cycle: Int[Array, " sm"], tick: Int[Array, ""]
+) -> WarpStatus:
+    w = state.warps
+    pc = jnp.clip(w.pc, 0, shapes.n_instr - 1)
+    op = launch.op[pc]
+    dep = launch.dep[pc]
+    c = cycle[:, None]
+
+    long_sb = dep & (tick < w.ready_mem)
+    short_sb = dep & (c < w.ready_mio)
+    wait = dep & (c < w.ready_fixed)
+    is_mio = (op == Op.LDS) | (op == Op.SHFL) | (op == Op.LDG)
+    mio = state.mio[:, None]
+    mio_throttle = is_mio & (mio >= launch.mio_depth)
+    has_pipe = op < N_PIPES
+    sched = jnp.arange(shapes.warp_slots, dtype=jnp.int32) % shapes.schedulers
+    pipe_free = jnp.take_along_axis(
+        state.pipe_free[:, sched, :], jnp.clip(op, 0, N_PIPES - 1)[..., None], axis=-1
+    )[..., 0]
+    pipe_throttle = has_pipe & (c < pipe_free)
+
+    live = w.active & ~w.at_barrier
+    eligible = live & ~(long_sb | short_sb | wait | mio_throttle | pipe_throttle)
+    reason = jnp.select(
+        [~w.active, w.at_barrier, long_sb, short_sb, wait, mio_throttle, pipe_throttle],
+        [-1, BARRIER, LONG_SB, SHORT_SB, WAIT, MIO_THROTTLE, PIPE_THROTTLE],
+        NOT_SELECTED,
+    )
+
+    clear = jnp.minimum(
+        jnp.minimum(jnp.where(short_sb, w.ready_mio, INF), jnp.where(wait, w.ready_fixed, INF)),
+        jnp.minimum(
+            jnp.where(mio_throttle, c + mio - launch.mio_depth + 1, INF),
+            jnp.where(pipe_throttle, pipe_free, INF),
+        ),
+    )
+    clear = jnp.where(eligible, c, jnp.where(live, clear, INF))
+    clear_tick = jnp.where(live & long_sb, w.ready_mem, INF)
+
+    in_if = (pc >= launch.branch_start) & (pc < launch.branch_mid)
+    in_else = (pc >= launch.branch_mid) & (pc < launch.branch_end)
+    active_lanes = jnp.where(in_if, w.if_lanes, jnp.where(in_else, w.lanes - w.if_lanes, w.lanes))
+    return WarpStatus(
+        op=op,
+        lat=launch.lat_cycles[pc],
+        issue=launch.issue_cycles[pc],
+        mio_cost=launch.mio_cost[pc],
+        mem_lat=launch.mem_lat_ticks[pc],
+        l2_cost=launch.l2_cost[pc],
+        dram_cost=launch.dram_cost[pc],
+        active_lanes=active_lanes,
+        eligible=eligible,
+        reason=reason,
+        clear_cycle=clear,
+        clear_tick=clear_tick,
+    )
+
+
+def count_reasons(reason: Int[Array, "sm warp"], weight: Int[Array, " sm"]) -> Int[Array, "sm 8"]:
+    """Per-SM stall-reason histogram of the warps, times `weight` cycles (int64)."""
+    hist = jnp.stack([jnp.sum(reason == r, axis=1) for r in range(8)], axis=1)
+    return hist.astype(jnp.int64) * weight.astype(jnp.int64)[:, None]

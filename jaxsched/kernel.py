@@ -1,0 +1,275 @@
+"""`Kernel`: a CUDA kernel launch as the simulator sees it.
+
+A grid of identical CTAs, their resources (threads, registers, shared memory) and one warp
+program written in a small instruction set (`isa.Op`) with at most one loop and at most one
+divergent if/else region. Per-CTA and per-warp variation (load imbalance, divergent loops,
+branch outcomes) comes from counter-based hashes of (seed, CTA, warp), so a kernel is a few
+numbers however large its grid, and every number is a traced leaf that can be swept.
+
+Programs are written in a tiny text form (also the TOML `program` field):
+
+    loop 64 cta_spread=8 warp_spread=4     # trip count 64 +- 8 per CTA, + 0..4 per warp
+      ldg bytes=128                        # global load, 128 B per warp
+      fma dep                              # `dep`: waits for all earlier results
+      lds ways=2                           # shared load with a 2-way bank conflict
+    end
+    if 0.25                                # each lane takes the if-path with p = 0.25
+      sfu dep
+    else
+      fma dep
+    end
+    bar                                    # __syncthreads()
+    exit                                   # appended if missing
+
+See docs/model.md for what each instruction does, cycle by cycle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from pathlib import Path
+
+import equinox as eqx
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int
+
+from .errors import JaxschedError, check
+from .isa import OP_NAMES, Op
+
+_NO = -1  # "no loop" / "no branch" marker in the program's structure fields
+
+
+class Kernel(eqx.Module):
+    """One kernel launch: grid, resources, warp program and its variation parameters."""
+
+    name: str = eqx.field(static=True)
+
+    grid_ctas: Int[Array, ""]
+    threads_per_cta: Int[Array, ""]
+    regs_per_thread: Int[Array, ""]
+    dynamic_smem_bytes: Int[Array, ""]
+    static_smem_bytes: Int[Array, ""]
+
+    # program, one entry per instruction (padded programs end in EXIT)
+    op: Int[Array, " instr"]
+    dep: Bool[Array, " instr"]
+    bytes_per_warp: Int[Array, " instr"]  # LDG: bytes the warp requests (128 = coalesced fp32)
+    bank_ways: Int[Array, " instr"]  # LDS: bank-conflict degree (1 = conflict-free)
+
+    # structure: one loop [loop_start, loop_end], one if/else [branch_start, branch_mid) /
+    # [branch_mid, branch_end); -1 when absent
+    loop_start: Int[Array, ""]
+    loop_end: Int[Array, ""]
+    branch_start: Int[Array, ""]
+    branch_mid: Int[Array, ""]
+    branch_end: Int[Array, ""]
+
+    # variation
+    trips: Int[Array, ""]  # mean loop trip count
+    trips_cta_spread: Int[Array, ""]  # per-CTA uniform offset in [-spread, +spread]
+    trips_warp_spread: Int[Array, ""]  # per-warp extra in [0, spread] (longest lane)
+    branch_if_probability: Float[Array, ""]  # per-lane probability of the if-path
+    l2_hit_rate: Float[Array, ""]  # fraction of LDG bytes served by L2
+    seed: Int[Array, ""]
+
+    @property
+    def n_instr(self) -> int:
+        return int(self.op.shape[-1])
+
+    def replace(self, **changes: object) -> "Kernel":
+        return dataclasses.replace(self, **changes)
+
+
+@dataclasses.dataclass(frozen=True)
+class Instr:
+    """One instruction of a program (`parse_program` makes these)."""
+
+    op: Op
+    dep: bool = False
+    bytes_per_warp: int = 0
+    bank_ways: int = 1
+
+
+@dataclasses.dataclass
+class _Structure:
+    loop: tuple[int, int, int, int, int] | None = None  # start, end, trips, cta, warp spreads
+    branch: tuple[int, int, int, float] | None = None  # start, mid, end, probability
+
+
+def parse_program(text: str) -> tuple[list[Instr], _Structure]:
+    """Parse the program text form (module docstring); errors name the line."""
+    instrs: list[Instr] = []
+    struct = _Structure()
+    stack: list[tuple[str, int, tuple]] = []  # ("loop"|"if"|"else", start index, params)
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        words = line.split()
+        head, rest = words[0].lower(), words[1:]
+        where = f"program line {lineno}"
+        if head == "loop":
+            check(struct.loop is None and not any(s[0] == "loop" for s in stack), where, line,
+                  "at most one loop per program")
+            check(not stack, where, line, "a loop cannot sit inside an if/else")
+            trips, opts = _args(rest, where, ("cta_spread", "warp_spread"))
+            stack.append(("loop", len(instrs), (trips, opts.get("cta_spread", 0), opts.get("warp_spread", 0))))
+        elif head == "if":
+            check(struct.branch is None and not any(s[0] in ("if", "else") for s in stack), where,
+                  line, "at most one if/else per program")
+            check(len(rest) == 1, where, line, "`if P` takes one lane probability")
+            p = _number(rest[0], where, float)
+            check(0.0 <= p <= 1.0, where, p, "the if-probability must be in [0, 1]")
+            stack.append(("if", len(instrs), (p,)))
+        elif head == "else":
+            check(bool(stack) and stack[-1][0] == "if", where, line, "`else` without `if`")
+            _, start, params = stack.pop()
+            check(len(instrs) > start, where, line, "the if-block is empty")
+            stack.append(("else", start, (params[0], len(instrs))))
+        elif head == "end":
+            check(bool(stack), where, line, "`end` without `loop` or `if`")
+            kind, start, params = stack.pop()
+            check(len(instrs) > start, where, line, f"the {kind}-block is empty")
+            if kind == "loop":
+                struct.loop = (start, len(instrs) - 1, *params)
+            elif kind == "if":
+                raise JaxschedError(where, line, "an `if` needs an `else` block (write the else-path)")
+            else:
+                p, mid = params
+                check(len(instrs) > mid, where, line, "the else-block is empty")
+                struct.branch = (start, mid, len(instrs), p)
+        else:
+            check(head in OP_NAMES, where, head, f"unknown instruction; expected one of {OP_NAMES} "
+                  "or loop/if/else/end")
+            op = Op[head.upper()]
+            flags = [w for w in rest if "=" not in w]
+            for f in flags:
+                check(f == "dep", where, f, "the only flag is `dep`")
+            _, opts = _args([w for w in rest if "=" in w], where, ("bytes", "ways"), positional=False)
+            nbytes = opts.get("bytes", 128 if op == Op.LDG else 0)
+            ways = opts.get("ways", 1)
+            check(op == Op.LDG or "bytes" not in opts, where, line, "bytes= applies to ldg only")
+            check(op == Op.LDS or "ways" not in opts, where, line, "ways= applies to lds only")
+            check(0 < nbytes <= 4096 or op != Op.LDG, where, nbytes, "ldg bytes per warp in 1..4096")
+            check(1 <= ways <= 32, where, ways, "bank-conflict ways in 1..32")
+            instrs.append(Instr(op, dep="dep" in flags, bytes_per_warp=nbytes, bank_ways=ways))
+    check(not stack, "program", f"unclosed {stack[-1][0] if stack else ''}", "every loop/if needs `end`")
+    if not instrs or instrs[-1].op != Op.EXIT:
+        instrs.append(Instr(Op.EXIT))
+    exits = [i for i, ins in enumerate(instrs) if ins.op == Op.EXIT]
+    check(exits == [len(instrs) - 1], "program", f"exit at {exits}", "exactly one exit, at the end")
+    if struct.loop is not None and struct.branch is not None:
+        ls, le = struct.loop[:2]
+        bs, _, be = struct.branch[:3]
+        inside = ls <= bs and be - 1 < le
+        outside = be <= ls or bs > le
+        check(inside or outside, "program", "if/else", "must lie wholly inside or outside the loop, "
+              "and not end on the loop's last instruction")
+    check(len(instrs) >= 2, "program", "empty", "needs at least one instruction before exit")
+    return instrs, struct
+
+
+def _number(word: str, where: str, kind: type) -> float | int:
+    try:
+        return kind(word)
+    except ValueError:
+        raise JaxschedError(where, word, f"expected a {kind.__name__}") from None
+
+
+def _args(words: list[str], where: str, keys: tuple[str, ...], positional: bool = True):
+    pos = None
+    opts: dict[str, int] = {}
+    for w in words:
+        if "=" in w:
+            k, v = w.split("=", 1)
+            check(k in keys, where, k, f"unknown option; expected one of {keys}")
+            opts[k] = int(_number(v, where, int))
+            check(opts[k] >= 0, where, w, "must be >= 0")
+        else:
+            check(positional and pos is None, where, w, "unexpected word")
+            pos = int(_number(w, where, int))
+            check(pos >= 0, where, w, "the trip count must be >= 0")
+    if positional:
+        check(pos is not None, where, " ".join(words), "`loop N` needs a trip count")
+    return pos, opts
+
+
+def make_kernel(
+    program: str,
+    *,
+    grid: int,
+    threads: int,
+    regs: int = 32,
+    smem_bytes: int = 0,
+    static_smem_bytes: int = 0,
+    l2_hit_rate: float = 0.5,
+    seed: int = 0,
+    name: str = "kernel",
+    pad_to: int | None = None,
+) -> Kernel:
+    """Build a `Kernel` from the program text form and launch parameters.
+
+    `pad_to` pads the program with trailing EXITs to a fixed length, so kernels of different
+    programs share one compiled simulation.
+    """
+    check(isinstance(grid, (int, np.integer)) and grid >= 1, "grid", grid, "at least 1 CTA")
+    check(0.0 <= l2_hit_rate <= 1.0, "l2_hit_rate", l2_hit_rate, "a fraction in [0, 1]")
+    instrs, struct = parse_program(program)
+    n = len(instrs)
+    if pad_to is not None:
+        check(pad_to >= n, "pad_to", pad_to, f"the program has {n} instructions")
+        instrs = instrs + [Instr(Op.EXIT)] * (pad_to - n)
+    loop = struct.loop or (_NO, _NO, 0, 0, 0)
+    branch = struct.branch or (_NO, _NO, _NO, 0.0)
+    i32 = lambda v: np.asarray(v, dtype=np.int32)  # noqa: E731
+    return Kernel(
+        name=name,
+        grid_ctas=i32(grid),
+        threads_per_cta=i32(threads),
+        regs_per_thread=i32(regs),
+        dynamic_smem_bytes=i32(smem_bytes),
+        static_smem_bytes=i32(static_smem_bytes),
+        op=i32([int(ins.op) for ins in instrs]),
+        dep=np.asarray([ins.dep for ins in instrs], dtype=bool),
+        bytes_per_warp=i32([ins.bytes_per_warp for ins in instrs]),
+        bank_ways=i32([ins.bank_ways for ins in instrs]),
+        loop_start=i32(loop[0]),
+        loop_end=i32(loop[1]),
+        branch_start=i32(branch[0]),
+        branch_mid=i32(branch[1]),
+        branch_end=i32(branch[2]),
+        trips=i32(loop[2]),
+        trips_cta_spread=i32(loop[3]),
+        trips_warp_spread=i32(loop[4]),
+        branch_if_probability=np.asarray(branch[3], dtype=np.float32),
+        l2_hit_rate=np.asarray(l2_hit_rate, dtype=np.float32),
+        seed=i32(seed),
+    )
+
+
+_KERNEL_KEYS = ("name", "program", "grid", "threads", "regs", "smem_bytes", "static_smem_bytes",
+                "l2_hit_rate", "seed")
+
+
+def kernel_from_dict(doc: dict, source: str = "<dict>") -> Kernel:
+    """A `Kernel` from a TOML table with keys `_KERNEL_KEYS` (program and grid, threads required)."""
+    table = doc.get("kernel", doc)
+    for key in table:
+        check(key in _KERNEL_KEYS, f"{source}: kernel.{key}", table[key], f"unknown key; expected one of {_KERNEL_KEYS}")
+    for key in ("program", "grid", "threads"):
+        check(key in table, f"{source}: kernel.{key}", None, "required")
+    args = {k: v for k, v in table.items() if k != "program"}
+    return make_kernel(table["program"], **args)
+
+
+def load_kernel(path: str | Path) -> Kernel:
+    """Read a kernel TOML file (a `[kernel]` table; see `sweeps/kernels/`)."""
+    p = Path(path)
+    check(p.is_file(), "kernel file", str(p), "no such file")
+    try:
+        doc = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise JaxschedError(str(p), "malformed TOML", str(exc)) from None
+    return kernel_from_dict(doc, str(p))
+

@@ -1,0 +1,205 @@
+"""Lowering: (Arch, Kernel, Clocks, policies) -> `Launch`, the integers both engines run on.
+
+Both the JAX engine and the plain reference consume a `Launch`, so unit conversions (ns to
+ticks, bandwidth to fixed-point queue costs, occupancy) happen once, in one place, with one
+rounding. Everything here is `jax.numpy` and traceable, so lowering runs inside `jit`/`vmap`
+with the swept numbers traced. docs/model.md defines every formula.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Int
+
+from .arch import Arch
+from .clocks import Clocks
+from .errors import JaxschedError, check
+from .isa import Op
+from .kernel import Kernel
+from .occupancy import check_launch, occupancy
+
+QUEUE_ONE_TICK = 1024  # memory-queue backlog is kept in 1/1024 of a tick
+BRANCH_HASH_ONE = 1 << 24  # branch lane draws compare 24-bit hashes against p * 2^24
+
+WARP_POLICIES = ("lrr", "gto", "oldest")
+DISPATCH_POLICIES = ("hardware", "round_robin")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """Static array sizes of one compiled simulation (a sweep pads every config to these)."""
+
+    n_sm: int  # SM slots
+    warp_slots: int  # warp slots per SM (max threads per SM / 32)
+    cta_slots: int  # CTA slots per SM (max blocks per SM)
+    schedulers: int
+    n_instr: int
+    max_ctas: int  # per-CTA trace length
+
+    @property
+    def warps_per_scheduler(self) -> int:
+        return self.warp_slots // self.schedulers
+
+
+class Launch(eqx.Module):
+    """One configuration in the engines' integer units (docs/model.md, "Lowering")."""
+
+    tick_mhz: Int[Array, ""]  # the global tick rate: the fastest enabled SM's clock
+    sm_freq_mhz: Int[Array, " sm"]  # 0 for floorswept SMs
+    sm_enabled: Bool[Array, " sm"]
+    dispatch_rank: Int[Array, " sm"]  # position of each SM in the rotated dispatch order
+    n_ctas: Int[Array, ""]
+    warps_per_cta: Int[Array, ""]
+    lanes_last_warp: Int[Array, ""]
+    ctas_per_sm: Int[Array, ""]
+    mio_depth: Int[Array, ""]
+    warp_policy: Int[Array, ""]
+    dispatch_policy: Int[Array, ""]
+    # per instruction
+    op: Int[Array, " instr"]
+    dep: Bool[Array, " instr"]
+    lat_cycles: Int[Array, " instr"]
+    issue_cycles: Int[Array, " instr"]
+    mio_cost: Int[Array, " instr"]
+    mem_lat_ticks: Int[Array, " instr"]
+    l2_cost: Int[Array, " instr"]
+    dram_cost: Int[Array, " instr"]
+    # structure and variation
+    loop_start: Int[Array, ""]
+    loop_end: Int[Array, ""]
+    branch_start: Int[Array, ""]
+    branch_mid: Int[Array, ""]
+    branch_end: Int[Array, ""]
+    trips: Int[Array, ""]
+    trips_cta_spread: Int[Array, ""]
+    trips_warp_spread: Int[Array, ""]
+    branch_threshold: Int[Array, ""]
+    seed: Int[Array, ""]
+
+
+def policy_index(name: str | int, known: tuple[str, ...], field: str) -> int:
+    if isinstance(name, (int, np.integer)):
+        check(0 <= int(name) < len(known), field, name, f"one of {known} or 0..{len(known) - 1}")
+        return int(name)
+    check(name in known, field, name, f"one of {known}")
+    return known.index(name)
+
+
+def shapes_for(arch: Arch, kernel: Kernel) -> Shapes:
+    """Static sizes for one (concrete) arch and kernel."""
+    return Shapes(
+        n_sm=arch.n_sm_slots,
+        warp_slots=int(arch.max_threads_per_sm) // arch.warp_size,
+        cta_slots=int(arch.max_blocks_per_sm),
+        schedulers=arch.schedulers_per_sm,
+        n_instr=kernel.n_instr,
+        max_ctas=int(kernel.grid_ctas),
+    )
+
+
+def validate(arch: Arch, kernel: Kernel, clocks: Clocks) -> None:
+    """Raise `JaxschedError` for a configuration that cannot run (concrete inputs only)."""
+    check_launch(arch, kernel.threads_per_cta, kernel.regs_per_thread,
+                 kernel.dynamic_smem_bytes, kernel.static_smem_bytes)
+    occ = occupancy(arch, kernel.threads_per_cta, kernel.regs_per_thread,
+                    kernel.dynamic_smem_bytes, kernel.static_smem_bytes)
+    if int(occ.blocks_per_sm) == 0:
+        raise JaxschedError(
+            "kernel", f"{int(kernel.threads_per_cta)} threads x {int(kernel.regs_per_thread)} registers",
+            f"too many resources requested for launch: a CTA fits on no SM of {arch.name} "
+            f"(limited by {', '.join(occ.limiters())}; {int(occ.regs_per_block_allocated)} registers "
+            f"per CTA of {int(arch.regs_per_block)})",
+        )
+    check(int(arch.issue_width) == 1, "issue_width", int(arch.issue_width),
+          "the engine models single-issue schedulers only (every preset)")
+    check(int(kernel.grid_ctas) >= 1, "grid_ctas", int(kernel.grid_ctas), "at least 1")
+    check(int(kernel.trips) + int(kernel.trips_warp_spread) < 2**24, "trips", int(kernel.trips), "< 2^24")
+    f = np.asarray(clocks.sm_freq_mhz)
+    check(f.shape == (arch.n_sm_slots,), "clocks.sm_freq_mhz", f.shape, f"({arch.n_sm_slots},)")
+
+
+def _round_i32(x: Array) -> Array:
+    return jnp.round(x).astype(jnp.int32)
+
+
+def lower(
+    arch: Arch,
+    kernel: Kernel,
+    clocks: Clocks,
+    warp_policy: Int[Array, ""] | int,
+    dispatch_policy: Int[Array, ""] | int,
+    dispatch_start: Int[Array, ""] | int,
+) -> Launch:
+    """Convert one configuration to engine units. Traceable; call `validate` first when concrete."""
+    i32 = lambda v: jnp.asarray(v, dtype=jnp.int32)  # noqa: E731
+    enabled = jnp.asarray(arch.sm_enabled)
+    freq = jnp.where(enabled, i32(clocks.sm_freq_mhz), 0)
+    tick_mhz = jnp.max(freq)
+    ticks_per_ns = tick_mhz.astype(jnp.float32) / 1000.0
+
+    occ = occupancy(arch, kernel.threads_per_cta, kernel.regs_per_thread,
+                    kernel.dynamic_smem_bytes, kernel.static_smem_bytes)
+    warps = occ.warps_per_block
+
+    # Rotated GigaThread order over the enabled SMs: rank 0 is the SM at `dispatch_start`.
+    n = enabled.shape[-1]
+    n_enabled = jnp.sum(enabled, dtype=jnp.int32)
+    order = jnp.asarray(arch.dispatch_order)
+    # position of each SM in the fixed order, counting enabled SMs only
+    pos_in_order = jnp.zeros(n, jnp.int32).at[order].set(jnp.arange(n, dtype=jnp.int32))
+    enabled_before = jnp.cumsum(enabled[order], dtype=jnp.int32) - 1
+    enabled_pos = enabled_before[pos_in_order]
+    rank = jnp.where(enabled, (enabled_pos - i32(dispatch_start)) % jnp.maximum(n_enabled, 1), n)
+
+    op = i32(kernel.op)
+    is_ldg = op == Op.LDG
+    hit = kernel.l2_hit_rate.astype(jnp.float32)
+    nbytes = i32(kernel.bytes_per_warp).astype(jnp.float32)
+    mem_lat_ns = arch.l2_hit_latency_ns + (1.0 - hit) * (arch.dram_latency_ns - arch.l2_hit_latency_ns)
+    l2_cost = _round_i32(nbytes * ticks_per_ns / arch.l2_bytes_per_ns * QUEUE_ONE_TICK)
+    dram_cost = _round_i32(nbytes * (1.0 - hit) * ticks_per_ns / arch.dram_bytes_per_ns * QUEUE_ONE_TICK)
+    mio_cost = jnp.where(op == Op.LDS, i32(kernel.bank_ways),
+                         jnp.where((op == Op.SHFL) | is_ldg, 1, 0))
+
+    threads = i32(kernel.threads_per_cta)
+    return Launch(
+        tick_mhz=tick_mhz,
+        sm_freq_mhz=freq,
+        sm_enabled=enabled,
+        dispatch_rank=rank.astype(jnp.int32),
+        n_ctas=i32(kernel.grid_ctas),
+        warps_per_cta=warps,
+        lanes_last_warp=threads - arch.warp_size * (warps - 1),
+        ctas_per_sm=occ.blocks_per_sm,
+        mio_depth=i32(arch.mio_queue_depth),
+        warp_policy=i32(warp_policy),
+        dispatch_policy=i32(dispatch_policy),
+        op=op,
+        dep=jnp.asarray(kernel.dep),
+        lat_cycles=jnp.asarray(arch.latency_cycles)[op],
+        issue_cycles=jnp.asarray(arch.issue_cycles)[op],
+        mio_cost=mio_cost,
+        mem_lat_ticks=jnp.where(is_ldg, _round_i32(mem_lat_ns * ticks_per_ns), 0),
+        l2_cost=jnp.where(is_ldg, jnp.maximum(l2_cost, 1), 0),
+        dram_cost=jnp.where(is_ldg, dram_cost, 0),
+        loop_start=i32(kernel.loop_start),
+        loop_end=i32(kernel.loop_end),
+        branch_start=i32(kernel.branch_start),
+        branch_mid=i32(kernel.branch_mid),
+        branch_end=i32(kernel.branch_end),
+        trips=i32(kernel.trips),
+        trips_cta_spread=i32(kernel.trips_cta_spread),
+        trips_warp_spread=i32(kernel.trips_warp_spread),
+        branch_threshold=_round_i32(kernel.branch_if_probability * BRANCH_HASH_ONE),
+        seed=i32(kernel.seed),
+    )
+
+
+def to_numpy(launch: Launch) -> Launch:
+    """The same launch with numpy leaves (for the plain reference)."""
+    return jax.tree.map(np.asarray, launch)

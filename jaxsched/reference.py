@@ -1,0 +1,519 @@
+"""The reference simulator: the oracle for the JAX engine.
+
+This module is a plain-Python (numpy and the standard library only, no JAX) implementation of
+the cycle-by-cycle model in `docs/model.md`, sections 2 and 4-10. It favours clarity over speed:
+it executes every global tick in turn (no event skipping, section 11 is the JAX engine's
+business) and keeps the state of every SM, CTA slot and warp slot in ordinary Python objects.
+All arithmetic on simulated quantities is on Python integers, so runs are exact and
+deterministic; the JAX engine must reproduce every integer output array exactly.
+
+Entry points:
+- `simulate_launch(launch, shapes)`: run one lowered `Launch` (numpy leaves, see
+  `lower.to_numpy`) with its static `Shapes`; returns the exact output arrays of section 10.
+- `simulate(arch, kernel, clocks)`: validate, lower and run one configuration; adds
+  `makespan_ns` and `makespan_cycles`. Only this wrapper touches the (jax.numpy) lowering in
+  `jaxsched.lower`; the simulation itself is plain Python.
+
+Order of events (the contract's sections in parentheses):
+- tick `k` (8): every SM whose phase accumulator overflows executes one cycle (2), SMs in index
+  order; then CTA dispatch (9); then the L2 and DRAM queues drain by one tick (1024 units).
+- SM cycle (7): stall reasons, eligibility, busy and warp-cycle counts from the start-of-cycle
+  state; schedulers `0 .. schedulers-1` select and issue in index order (the order matters for
+  the MIO backlog and the chip-wide memory queues); then barrier releases and CTA completions;
+  then the MIO backlog drains by one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .isa import Op
+
+MASK32 = 0xFFFFFFFF
+GOLDEN32 = 0x9E3779B9
+QUEUE_ONE_TICK = 1024  # memory-queue backlog units per tick (= lower.QUEUE_ONE_TICK)
+
+# Stall reasons, in the order of the `sm_stalls` columns (model.md section 10).
+STALL_REASONS = (
+    "selected",
+    "not_selected",
+    "long_scoreboard",
+    "short_scoreboard",
+    "wait",
+    "barrier",
+    "mio_throttle",
+    "math_pipe_throttle",
+)
+SELECTED, NOT_SELECTED, LONG_SB, SHORT_SB, WAIT, BARRIER, MIO_THROTTLE, MATH_THROTTLE = range(8)
+ELIGIBLE = -1  # "no block" marker used while classifying warps
+
+PIPE_OPS = (Op.FMA, Op.ALU, Op.SFU)  # ops with a per-scheduler math pipe; pipe index = op value
+MIO_OPS = (Op.LDS, Op.SHFL, Op.LDG)
+
+WARP_LRR, WARP_GTO, WARP_OLDEST = 0, 1, 2
+DISPATCH_HARDWARE, DISPATCH_ROUND_ROBIN = 0, 1
+
+
+# --- section 4: counter-based hashes -----------------------------------------------------------
+
+
+def lowbias32(x: int) -> int:
+    """Chris Wellons' lowbias32 integer hash on unsigned 32-bit integers (wrapping)."""
+    x &= MASK32
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & MASK32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & MASK32
+    x ^= x >> 16
+    return x
+
+
+def hash3(seed: int, stream: int, a: int, b: int) -> int:
+    """`h(stream, a, b) = lowbias32(lowbias32(lowbias32(seed ^ (stream * 0x9E3779B9)) ^ a) ^ b)`.
+
+    Every operand is taken as an unsigned 32-bit integer (a negative int32 seed wraps).
+    """
+    x = (seed & MASK32) ^ ((stream * GOLDEN32) & MASK32)
+    x = lowbias32(x)
+    x = lowbias32(x ^ (a & MASK32))
+    return lowbias32(x ^ (b & MASK32))
+
+
+def warp_lanes(w: int, warps_per_cta: int, lanes_last_warp: int) -> int:
+    """Threads of warp `w` of a CTA: 32, except the partial last warp."""
+    return lanes_last_warp if w == warps_per_cta - 1 else 32
+
+
+def warp_trips(seed: int, trips: int, cta_spread: int, warp_spread: int, c: int, w: int) -> int:
+    """Loop trip count of warp `w` of CTA `c`: mean + per-CTA offset + per-warp extra, >= 0."""
+    cta_off = hash3(seed, 1, c, 0) % (2 * cta_spread + 1) - cta_spread
+    warp_add = hash3(seed, 2, c, w) % (warp_spread + 1)
+    return max(0, trips + cta_off + warp_add)
+
+
+def warp_if_lanes(seed: int, branch_threshold: int, c: int, w: int, lanes: int) -> int:
+    """Lanes of warp `w` of CTA `c` that take the if-path of the divergent branch."""
+    return sum(1 for l in range(lanes) if (hash3(seed, 3, c, 32 * w + l) >> 8) < branch_threshold)
+
+
+# --- static program description ----------------------------------------------------------------
+
+
+class Program:
+    """The per-instruction and structure fields of a `Launch` as Python ints and lists."""
+
+    def __init__(self, launch) -> None:
+        ints = lambda a: [int(v) for v in np.asarray(a).reshape(-1)]  # noqa: E731
+        self.op = ints(launch.op)
+        self.dep = [bool(v) for v in np.asarray(launch.dep).reshape(-1)]
+        self.lat_cycles = ints(launch.lat_cycles)
+        self.issue_cycles = ints(launch.issue_cycles)
+        self.mio_cost = ints(launch.mio_cost)
+        self.mem_lat_ticks = ints(launch.mem_lat_ticks)
+        self.l2_cost = ints(launch.l2_cost)
+        self.dram_cost = ints(launch.dram_cost)
+        self.loop_start = int(launch.loop_start)
+        self.loop_end = int(launch.loop_end)
+        self.branch_start = int(launch.branch_start)
+        self.branch_mid = int(launch.branch_mid)
+        self.branch_end = int(launch.branch_end)
+
+    def resolve(self, pc: int, trips_left: int, if_lanes: int, else_lanes: int) -> int:
+        """Section 6: apply rules 1, 2, 3, 1 once each (skip zero-trip loops, empty paths)."""
+        if pc == self.loop_start and trips_left == 0:
+            pc = self.loop_end + 1
+        if pc == self.branch_start and if_lanes == 0:
+            pc = self.branch_mid
+        if pc == self.branch_mid and else_lanes == 0:
+            pc = self.branch_end
+        if pc == self.loop_start and trips_left == 0:
+            pc = self.loop_end + 1
+        return pc
+
+    def active_lanes(self, pc: int, lanes: int, if_lanes: int, else_lanes: int) -> int:
+        """Section 6: lanes that execute the instruction at `pc` (SIMT serialisation)."""
+        if self.branch_start <= pc < self.branch_mid:
+            return if_lanes
+        if self.branch_mid <= pc < self.branch_end:
+            return else_lanes
+        return lanes
+
+
+# --- state (section 5) -------------------------------------------------------------------------
+
+
+class Warp:
+    """One warp slot of an SM."""
+
+    __slots__ = ("active", "pc", "trips_left", "lanes", "if_lanes", "else_lanes", "age",
+                 "at_barrier", "ready_fixed", "ready_mio", "ready_mem", "cta_slot")
+
+    def __init__(self) -> None:
+        self.active = False
+        self.pc = 0
+        self.trips_left = 0
+        self.lanes = 0
+        self.if_lanes = 0
+        self.else_lanes = 0
+        self.age = 0
+        self.at_barrier = False
+        self.ready_fixed = 0  # SM cycle
+        self.ready_mio = 0  # SM cycle
+        self.ready_mem = 0  # global tick
+        self.cta_slot = -1
+
+
+class SM:
+    """One SM: clock phase, MIO backlog, CTA slots, per-scheduler pipes, warp slots, counters."""
+
+    def __init__(self, index: int, freq: int, enabled: bool, rank: int, shapes) -> None:
+        self.index = index
+        self.freq = freq
+        self.enabled = enabled
+        self.rank = rank
+        self.acc = 0
+        self.cycle = 0
+        self.mio = 0
+        self.cta_id = [-1] * shapes.cta_slots  # CTA in each CTA slot, -1 when free
+        self.live = [0] * shapes.cta_slots  # live (not exited) warps of the CTA in the slot
+        self.arrivals = [0] * shapes.cta_slots  # barrier arrivals
+        self.resident = 0  # occupied CTA slots
+        self.pipe_free = [[0, 0, 0] for _ in range(shapes.schedulers)]  # [sched][FMA/ALU/SFU]
+        self.last = [-1] * shapes.schedulers  # per scheduler, the last issued q
+        self.warps = [Warp() for _ in range(shapes.warp_slots)]
+        # counters (section 10)
+        self.busy = 0
+        self.issued = 0
+        self.active_lanes = 0
+        self.warp_cycles = 0
+        self.stalls = [0] * len(STALL_REASONS)
+        self.ctas = 0
+
+
+class Chip:
+    """Chip-wide state: memory queues, dispatcher, per-CTA trace."""
+
+    def __init__(self, n_ctas: int) -> None:
+        self.q_l2 = 0  # 1/1024 tick
+        self.q_dram = 0
+        self.next_cta = 0
+        self.rr_pointer = 0  # round-robin dispatch pointer, in dispatch-rank space
+        self.completed = 0
+        self.cta_sm = [-1] * n_ctas
+        self.cta_start = [-1] * n_ctas
+        self.cta_end = [-1] * n_ctas
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+# --- the simulation ----------------------------------------------------------------------------
+
+
+class _Sim:
+    """One run of a `Launch`; methods follow the sections of docs/model.md."""
+
+    def __init__(self, launch, shapes) -> None:
+        self.shapes = shapes
+        self.S = shapes.schedulers
+        self.Q = shapes.warp_slots // shapes.schedulers
+        self.prog = Program(launch)
+        self.F = int(launch.tick_mhz)
+        self.n_ctas = int(launch.n_ctas)
+        self.W = int(launch.warps_per_cta)
+        self.lanes_last_warp = int(launch.lanes_last_warp)
+        self.ctas_per_sm = int(launch.ctas_per_sm)
+        self.mio_depth = int(launch.mio_depth)
+        self.warp_policy = int(launch.warp_policy)
+        self.dispatch_policy = int(launch.dispatch_policy)
+        self.trips = int(launch.trips)
+        self.cta_spread = int(launch.trips_cta_spread)
+        self.warp_spread = int(launch.trips_warp_spread)
+        self.branch_threshold = int(launch.branch_threshold)
+        self.seed = int(launch.seed)
+        freq = [int(v) for v in np.asarray(launch.sm_freq_mhz).reshape(-1)]
+        enabled = [bool(v) for v in np.asarray(launch.sm_enabled).reshape(-1)]
+        rank = [int(v) for v in np.asarray(launch.dispatch_rank).reshape(-1)]
+        if len(freq) != shapes.n_sm:
+            raise ValueError(f"launch has {len(freq)} SM slots, shapes.n_sm = {shapes.n_sm}")
+        if self.ctas_per_sm < 1 or self.ctas_per_sm > shapes.cta_slots:
+            raise ValueError(f"ctas_per_sm = {self.ctas_per_sm} outside 1..{shapes.cta_slots}")
+        if self.ctas_per_sm * self.W > shapes.warp_slots:
+            raise ValueError("ctas_per_sm x warps_per_cta exceeds the SM's warp slots")
+        self.sms = [SM(s, freq[s], enabled[s], rank[s], shapes) for s in range(shapes.n_sm)]
+        self.enabled_sms = [sm for sm in self.sms if sm.enabled]
+        self.n_enabled = len(self.enabled_sms)
+        self.chip = Chip(self.n_ctas)
+
+    # section 9 ---------------------------------------------------------------------------------
+
+    def launch_warp(self, warp: Warp, c: int, w: int, cta_slot: int) -> None:
+        """Make `warp` warp `w` of CTA `c`: variation from section 4, pc 0 resolved, ready 0."""
+        warp.active = True
+        warp.cta_slot = cta_slot
+        warp.lanes = warp_lanes(w, self.W, self.lanes_last_warp)
+        warp.trips_left = warp_trips(self.seed, self.trips, self.cta_spread, self.warp_spread, c, w)
+        warp.if_lanes = warp_if_lanes(self.seed, self.branch_threshold, c, w, warp.lanes)
+        warp.else_lanes = warp.lanes - warp.if_lanes
+        warp.age = 32 * c + w
+        warp.at_barrier = False
+        warp.ready_fixed = 0
+        warp.ready_mio = 0
+        warp.ready_mem = 0
+        warp.pc = self.prog.resolve(0, warp.trips_left, warp.if_lanes, warp.else_lanes)
+
+    def pick_sm(self) -> SM | None:
+        """The SM the next CTA goes to, or None if no enabled SM has a free CTA slot."""
+        free = [sm for sm in self.enabled_sms if sm.resident < self.ctas_per_sm]
+        if not free:
+            return None
+        if self.dispatch_policy == DISPATCH_HARDWARE:
+            # most free CTA slots, ties to the lowest dispatch rank
+            return min(free, key=lambda sm: (-(self.ctas_per_sm - sm.resident), sm.rank))
+        # round robin: first SM with a free slot at or after the pointer, in (cyclic) rank order
+        ptr = self.chip.rr_pointer
+        sm = min(free, key=lambda sm: (sm.rank - ptr) % self.n_enabled)
+        self.chip.rr_pointer = (sm.rank + 1) % self.n_enabled
+        return sm
+
+    def dispatch(self, k: int) -> None:
+        """Section 9: place CTAs in grid order, one at a time, while some SM has room."""
+        chip = self.chip
+        while chip.next_cta < self.n_ctas:
+            sm = self.pick_sm()
+            if sm is None:
+                break
+            c = chip.next_cta
+            chip.next_cta += 1
+            j = sm.cta_id.index(-1)  # lowest free CTA slot
+            sm.cta_id[j] = c
+            sm.live[j] = self.W
+            sm.arrivals[j] = 0
+            sm.resident += 1
+            sm.ctas += 1
+            for w in range(self.W):
+                self.launch_warp(sm.warps[j * self.W + w], c, w, j)
+            chip.cta_sm[c] = sm.index
+            chip.cta_start[c] = k
+
+    # section 7 ---------------------------------------------------------------------------------
+
+    def block_reason(self, sm: SM, slot: int, warp: Warp, k: int, c: int) -> int:
+        """First-matching stall reason of an active warp at the start of cycle `c` (tick `k`),
+        or ELIGIBLE. 'selected' / 'not_selected' are decided by the schedulers later.
+
+        Every block, the MIO throttle included, is judged on the start-of-cycle state: an MIO
+        instruction issued this cycle by a lower-numbered scheduler raises `mio` (and so the
+        `m` of later issues) but does not throttle a warp already found eligible."""
+        if warp.at_barrier:
+            return BARRIER
+        prog = self.prog
+        i = warp.pc
+        if prog.dep[i]:
+            if k < warp.ready_mem:
+                return LONG_SB
+            if c < warp.ready_mio:
+                return SHORT_SB
+            if c < warp.ready_fixed:
+                return WAIT
+        op = prog.op[i]
+        if op in MIO_OPS:
+            if sm.mio >= self.mio_depth:
+                return MIO_THROTTLE
+        elif op in PIPE_OPS:
+            if c < sm.pipe_free[slot % self.S][op]:
+                return MATH_THROTTLE
+        return ELIGIBLE
+
+    def select_key(self, sm: SM, sched: int, q: int, warp: Warp) -> int:
+        """The key the scheduler minimises (section 7, "Selection")."""
+        last = sm.last[sched]
+        if self.warp_policy == WARP_LRR:
+            return (q - last - 1) % self.Q
+        if self.warp_policy == WARP_GTO:
+            return -1 if q == last else warp.age
+        if self.warp_policy == WARP_OLDEST:
+            return warp.age
+        raise ValueError(f"unknown warp policy {self.warp_policy}")
+
+    def issue(self, sm: SM, sched: int, warp: Warp, k: int, c: int) -> None:
+        """Section 7, "Issue": one instruction of `warp` on scheduler `sched` at cycle c, tick k."""
+        prog = self.prog
+        chip = self.chip
+        i = warp.pc
+        op = prog.op[i]
+        if op in PIPE_OPS:
+            warp.ready_fixed = max(warp.ready_fixed, c + prog.lat_cycles[i])
+            sm.pipe_free[sched][op] = c + prog.issue_cycles[i]
+        elif op in MIO_OPS:
+            m = sm.mio
+            sm.mio = m + prog.mio_cost[i]
+            if op == Op.LDG:
+                chip.q_l2 += prog.l2_cost[i]
+                chip.q_dram += prog.dram_cost[i]
+                queue_ticks = max(_ceil_div(chip.q_l2, QUEUE_ONE_TICK),
+                                  _ceil_div(chip.q_dram, QUEUE_ONE_TICK))
+                warp.ready_mem = max(warp.ready_mem, k + prog.mem_lat_ticks[i] + queue_ticks)
+            else:  # LDS, SHFL
+                warp.ready_mio = max(warp.ready_mio, c + m + prog.mio_cost[i] + prog.lat_cycles[i])
+        elif op == Op.BAR:
+            warp.at_barrier = True
+            sm.arrivals[warp.cta_slot] += 1
+        elif op == Op.EXIT:
+            warp.active = False
+            sm.live[warp.cta_slot] -= 1
+        sm.issued += 1
+        sm.active_lanes += prog.active_lanes(i, warp.lanes, warp.if_lanes, warp.else_lanes)
+        if i == prog.loop_end and warp.trips_left > 1:
+            warp.trips_left -= 1
+            warp.pc = prog.loop_start
+        else:
+            warp.pc = i + 1
+        if warp.active:  # an exited warp's pc no longer matters (it may point past the program)
+            warp.pc = prog.resolve(warp.pc, warp.trips_left, warp.if_lanes, warp.else_lanes)
+
+    def sm_cycle(self, sm: SM, k: int) -> None:
+        """Section 7: one cycle of SM `sm` at tick `k` (cycle index `sm.cycle`)."""
+        c = sm.cycle
+        S = self.S
+        # 1. classify every active warp at the start-of-cycle state; blocked warps count their
+        #    stall reason now, eligible warps are 'selected' or 'not_selected' after selection
+        eligible: list[list[int]] = [[] for _ in range(S)]  # per scheduler, eligible warp slots
+        n_active = 0
+        for j, cta in enumerate(sm.cta_id):
+            if cta < 0:
+                continue
+            for w in range(self.W):
+                slot = j * self.W + w
+                warp = sm.warps[slot]
+                if not warp.active:
+                    continue
+                n_active += 1
+                reason = self.block_reason(sm, slot, warp, k, c)
+                if reason == ELIGIBLE:
+                    eligible[slot % S].append(slot)
+                else:
+                    sm.stalls[reason] += 1
+        if n_active:
+            sm.busy += 1
+            sm.warp_cycles += n_active
+        # 2. schedulers in index order each issue from their eligible warps (minimal key)
+        for sched in range(S):
+            candidates = eligible[sched]
+            if not candidates:
+                continue
+            slot = min(candidates, key=lambda s: self.select_key(sm, sched, s // S, sm.warps[s]))
+            self.issue(sm, sched, sm.warps[slot], k, c)
+            sm.last[sched] = slot // S
+            sm.stalls[SELECTED] += 1
+            sm.stalls[NOT_SELECTED] += len(candidates) - 1
+        # 3. barrier releases and CTA completions
+        for j, cta in enumerate(sm.cta_id):
+            if cta < 0:
+                continue
+            if sm.arrivals[j] > 0 and sm.arrivals[j] == sm.live[j]:
+                for w in range(self.W):
+                    sm.warps[j * self.W + w].at_barrier = False
+                sm.arrivals[j] = 0
+            if sm.live[j] == 0:
+                self.chip.cta_end[cta] = k
+                self.chip.completed += 1
+                sm.cta_id[j] = -1
+                sm.arrivals[j] = 0
+                sm.resident -= 1
+                for w in range(self.W):
+                    sm.warps[j * self.W + w].active = False
+        # 4. the MIO backlog serves one instruction-cycle
+        sm.mio = max(0, sm.mio - 1)
+        sm.cycle += 1
+
+    # sections 2 and 8 --------------------------------------------------------------------------
+
+    def tick(self, k: int) -> None:
+        """Section 8: SM cycles in SM index order, then dispatch, then the queues drain."""
+        for sm in self.sms:
+            if sm.freq <= 0:
+                continue  # floorswept: no clock
+            sm.acc += sm.freq
+            if sm.acc >= self.F:
+                sm.acc -= self.F
+                self.sm_cycle(sm, k)
+        self.dispatch(k)
+        self.chip.q_l2 = max(0, self.chip.q_l2 - QUEUE_ONE_TICK)
+        self.chip.q_dram = max(0, self.chip.q_dram - QUEUE_ONE_TICK)
+
+    def run(self, max_ticks: int) -> int:
+        """Run ticks until the tick in which the last CTA completes; return makespan_ticks."""
+        for k in range(max_ticks):
+            self.tick(k)
+            if self.chip.completed == self.n_ctas:
+                return k + 1
+        raise RuntimeError(
+            f"reference simulation did not finish within max_ticks = {max_ticks} ticks "
+            f"({self.chip.completed} of {self.n_ctas} CTAs completed, "
+            f"{self.chip.next_cta} dispatched); raise max_ticks"
+        )
+
+    def outputs(self, makespan_ticks: int) -> dict:
+        """Section 10's exact output arrays."""
+        i64 = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
+        return {
+            "makespan_ticks": int(makespan_ticks),
+            "sm_cycles": i64([sm.cycle for sm in self.sms]),
+            "sm_busy_cycles": i64([sm.busy for sm in self.sms]),
+            "sm_issued": i64([sm.issued for sm in self.sms]),
+            "sm_active_lanes": i64([sm.active_lanes for sm in self.sms]),
+            "sm_warp_cycles": i64([sm.warp_cycles for sm in self.sms]),
+            "sm_stalls": i64([sm.stalls for sm in self.sms]).reshape(len(self.sms), len(STALL_REASONS)),
+            "sm_ctas": i64([sm.ctas for sm in self.sms]),
+            "cta_sm": i64(self.chip.cta_sm),
+            "cta_start_tick": i64(self.chip.cta_start),
+            "cta_end_tick": i64(self.chip.cta_end),
+        }
+
+
+def simulate_launch(launch, shapes, max_ticks: int = 10**7) -> dict:
+    """Run one `Launch` (numpy leaves) tick by tick; return section 10's exact output arrays.
+
+    Keys: `makespan_ticks` (int); int64 arrays `sm_cycles`, `sm_busy_cycles`, `sm_issued`,
+    `sm_active_lanes`, `sm_warp_cycles`, `sm_ctas` ([n_sm]), `sm_stalls` ([n_sm, 8], columns in
+    `STALL_REASONS` order), `cta_sm`, `cta_start_tick`, `cta_end_tick` ([n_ctas], grid order).
+    Raises RuntimeError if the last CTA has not completed after `max_ticks` ticks.
+    """
+    sim = _Sim(launch, shapes)
+    makespan = sim.run(max_ticks)
+    return sim.outputs(makespan)
+
+
+def simulate(
+    arch,
+    kernel,
+    clocks=None,
+    *,
+    warp_policy: str | int = "gto",
+    dispatch: str | int = "hardware",
+    dispatch_start: int = 0,
+    max_ticks: int = 10**7,
+) -> dict:
+    """Validate, lower and run one configuration with the reference.
+
+    Returns `simulate_launch`'s arrays plus `makespan_ns = makespan_ticks * 1000 / F` and
+    `makespan_cycles = makespan_ns * boost_clock_ghz` (floats; section 2).
+    """
+    # The shared lowering is written in jax.numpy; only this convenience wrapper needs it.
+    from . import clocks as clocks_mod
+    from . import lower as lower_mod
+
+    if clocks is None:
+        clocks = clocks_mod.uniform(arch)
+    lower_mod.validate(arch, kernel, clocks)
+    wp = lower_mod.policy_index(warp_policy, lower_mod.WARP_POLICIES, "warp_policy")
+    dp = lower_mod.policy_index(dispatch, lower_mod.DISPATCH_POLICIES, "dispatch")
+    launch = lower_mod.to_numpy(lower_mod.lower(arch, kernel, clocks, wp, dp, dispatch_start))
+    shapes = lower_mod.shapes_for(arch, kernel)
+    out = simulate_launch(launch, shapes, max_ticks=max_ticks)
+    tick_mhz = int(launch.tick_mhz)
+    out["makespan_ns"] = out["makespan_ticks"] * 1000.0 / tick_mhz
+    out["makespan_cycles"] = out["makespan_ns"] * float(arch.boost_clock_ghz)
+    return out

@@ -1,0 +1,101 @@
+"""Shared test helpers: a small test chip and hypothesis strategies for whole configurations."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import strategies as st
+
+import jaxsched as js
+from jaxsched import clocks
+from jaxsched.hierarchy import build_hierarchy
+from jaxsched.isa import Op
+from jaxsched.kernel import make_kernel
+
+N_INSTR = 16  # programs are padded to this length so one compilation serves every example
+MAX_GRID = 48
+
+
+def small_arch(n_enabled_tpcs: int = 4, **overrides) -> js.Arch:
+    """An H200-like chip with 2 GPCs x 2 TPC sites (8 SM slots), some TPCs enabled."""
+    per_gpc = [min(2, max(0, n_enabled_tpcs - 2 * g)) for g in range(2)]
+    base = js.presets.get("h200")
+    return base.replace(name="test8", **build_hierarchy([2, 2], per_gpc, die_mm=(10.0, 10.0)),
+                        **overrides)
+
+
+_BODY_OPS = ["fma", "alu", "sfu", "lds", "ldg", "shfl"]
+
+
+@st.composite
+def programs(draw) -> str:
+    """A legal program text: straight-line code, optionally one loop and one if/else."""
+
+    def block(n_min: int, n_max: int) -> list[str]:
+        lines = []
+        for _ in range(draw(st.integers(n_min, n_max))):
+            op = draw(st.sampled_from(_BODY_OPS + ["bar"]))
+            line = op + (" dep" if draw(st.booleans()) else "")
+            if op == "ldg":
+                line += f" bytes={draw(st.sampled_from([32, 128, 512, 4096]))}"
+            if op == "lds":
+                line += f" ways={draw(st.integers(1, 8))}"
+            lines.append(line)
+        return lines
+
+    def branch() -> list[str]:
+        return [f"if {draw(st.sampled_from([0.0, 0.1, 0.5, 0.97, 1.0]))}", *block(1, 2), "else",
+                *block(1, 2), "end"]
+
+    layout = draw(st.sampled_from(["flat", "loop", "loop+if_inside", "if+loop", "loop+if"]))
+    trips = draw(st.integers(0, 6))
+    spreads = f"cta_spread={draw(st.integers(0, 3))} warp_spread={draw(st.integers(0, 3))}"
+    loop_head = f"loop {trips} {spreads}"
+    if layout == "flat":
+        lines = block(1, 6)
+    elif layout == "loop":
+        lines = block(0, 2) + [loop_head, *block(1, 4), "end"] + block(0, 2)
+    elif layout == "loop+if_inside":
+        lines = [loop_head, *block(0, 1), *branch(), *block(1, 2), "end"]
+    elif layout == "if+loop":
+        lines = [*branch(), loop_head, *block(1, 3), "end"]
+    else:
+        lines = [loop_head, *block(1, 3), "end", *branch()]
+    lines.append("exit dep" if draw(st.booleans()) else "exit")
+    return "\n".join(lines)
+
+
+@st.composite
+def configurations(draw) -> dict:
+    """Random small chip, kernel, clock map and policies (all with the same static shapes)."""
+    lat = [draw(st.integers(1, 24)) for _ in Op]
+    issue = [draw(st.integers(1, 4)) for _ in Op]
+    arch = small_arch(
+        draw(st.integers(1, 4)),
+        latency_cycles=np.asarray(lat, np.int32),
+        issue_cycles=np.asarray(issue, np.int32),
+        mio_queue_depth=np.int32(draw(st.integers(1, 12))),
+        l2_hit_latency_ns=np.float32(draw(st.floats(5.0, 200.0))),
+        dram_latency_ns=np.float32(draw(st.floats(200.0, 600.0))),
+        l2_bytes_per_ns=np.float32(draw(st.floats(20.0, 6000.0))),
+        dram_bytes_per_ns=np.float32(draw(st.floats(5.0, 5000.0))),
+    )
+    threads = draw(st.integers(1, 1024))
+    kernel = make_kernel(
+        draw(programs()),
+        grid=draw(st.integers(1, MAX_GRID)),
+        threads=threads,
+        regs=draw(st.sampled_from([16, 32, 40, 64, 128])),
+        smem_bytes=draw(st.sampled_from([0, 1000, 30000, 100000])),
+        l2_hit_rate=draw(st.floats(0.0, 1.0)),
+        seed=draw(st.integers(-(2**31), 2**31 - 1)),
+        pad_to=N_INSTR,
+    )
+    freqs = [draw(st.integers(300, 2000)) for _ in range(arch.n_sm_slots)]
+    return dict(
+        arch=arch,
+        kernel=kernel,
+        clocks=clocks.from_array(arch, np.asarray(freqs, dtype=np.float64)),
+        warp_policy=draw(st.sampled_from(["lrr", "gto", "oldest"])),
+        dispatch=draw(st.sampled_from(["hardware", "round_robin"])),
+        dispatch_start=draw(st.integers(0, 7)),
+    )

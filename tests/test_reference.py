@@ -1,0 +1,454 @@
+"""`jaxsched.reference` by hand: small cases whose tick counts follow from docs/model.md.
+
+Every expected number below is derived from the document in a comment next to it. Conventions
+used throughout (model.md sections 2, 8, 9): with uniform clocks the tick is the SM clock and the
+cycle executed at tick k has index k; CTAs are dispatched at tick 0, after the SM cycles of that
+tick, so the first instruction issues at tick (= cycle) 1; a CTA completes in the tick of its
+last EXIT and `makespan_ticks` is that tick + 1.
+
+h200 numbers used: latency FMA = ALU = 4, LDS = 29 cycles; issue cycles FMA = 1, ALU = 2;
+MIO queue depth 16; boost clock 1.98 GHz; 4 schedulers, 64 warp slots per SM.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from jaxsched import clocks, lower, presets, reference
+from jaxsched.isa import Op
+from jaxsched.kernel import make_kernel
+
+H200 = presets.get("h200")
+STALL = {name: i for i, name in enumerate(reference.STALL_REASONS)}
+
+
+def arch_with_sms(n: int):
+    """The h200 preset with only its first `n` SM slots enabled (enabled SMs come first)."""
+    return H200.replace(sm_enabled=np.arange(H200.n_sm_slots) < n)
+
+
+def lowered(arch, kernel, warp_policy=1, dispatch=0, dispatch_start=0, clk=None):
+    clk = clocks.uniform(arch) if clk is None else clk
+    return lower.to_numpy(lower.lower(arch, kernel, clk, warp_policy, dispatch, dispatch_start))
+
+
+def stalls(result, sm: int) -> dict[str, int]:
+    return {name: int(result["sm_stalls"][sm, i]) for name, i in STALL.items()}
+
+
+# --- hashes --------------------------------------------------------------------------------------
+
+
+def _lowbias32_np(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.uint32)
+    x ^= x >> np.uint32(16)
+    x *= np.uint32(0x7FEB352D)
+    x ^= x >> np.uint32(15)
+    x *= np.uint32(0x846CA68B)
+    x ^= x >> np.uint32(16)
+    return x
+
+
+def test_lowbias32_wraps_like_uint32():
+    rng = np.random.default_rng(0)
+    xs = np.concatenate([[0, 1, 2, 0xFFFFFFFF, 0x80000000], rng.integers(0, 2**32, 500)])
+    with np.errstate(over="ignore"):
+        expect = _lowbias32_np(xs)
+    got = [reference.lowbias32(int(x)) for x in xs]
+    assert got == [int(v) for v in expect]
+    assert reference.lowbias32(0) == 0
+
+
+def test_hash3_matches_definition_and_negative_seed_wraps():
+    with np.errstate(over="ignore"):
+        def h_np(seed, stream, a, b):
+            s = np.uint32(seed & 0xFFFFFFFF) ^ (np.uint32(stream) * np.uint32(0x9E3779B9))
+            x = _lowbias32_np(np.asarray(s))
+            x = _lowbias32_np(x ^ np.uint32(a))
+            return int(_lowbias32_np(x ^ np.uint32(b)))
+
+        for seed in (0, 7, -1, -123456, 2**31 - 1):
+            for stream, a, b in ((1, 0, 0), (2, 5, 3), (3, 1000, 32 * 7 + 31)):
+                assert reference.hash3(seed, stream, a, b) == h_np(seed, stream, a, b)
+    assert reference.hash3(-1, 1, 2, 3) == reference.hash3(0xFFFFFFFF, 1, 2, 3)
+
+
+def test_trip_and_lane_draws_stay_in_range():
+    for c in range(50):
+        for w in range(8):
+            t = reference.warp_trips(3, 10, 4, 2, c, w)
+            assert 10 - 4 <= t <= 10 + 4 + 2
+        assert reference.warp_trips(3, 1, 5, 0, c, 0) >= 0
+        assert reference.warp_if_lanes(3, 0, c, 0, 32) == 0  # p = 0: nobody takes the if
+        assert reference.warp_if_lanes(3, 1 << 24, c, 0, 32) == 32  # p = 1: everybody
+        assert 0 <= reference.warp_if_lanes(3, 1 << 23, c, 0, 20) <= 20
+
+
+# --- one warp, exact tick counts -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 10])
+def test_single_warp_dependent_fma_chain(n):
+    """FMA k (1-based) issues at cycle 1 + 4(k-1); EXIT (no `dep`) the cycle after the last FMA,
+    4n - 2; so makespan_ticks = 4n - 1."""
+    kernel = make_kernel("\n".join(["fma dep"] * n), grid=1, threads=32)
+    r = reference.simulate(H200, kernel)
+    launch = lowered(H200, kernel)
+    assert r["makespan_ticks"] == 4 * n - 1
+    sm = int(np.argmin(launch.dispatch_rank))  # hardware dispatch: the rank-0 SM
+    assert r["cta_sm"].tolist() == [sm]
+    assert r["cta_start_tick"].tolist() == [0]
+    assert r["cta_end_tick"].tolist() == [4 * n - 2]
+    enabled = np.asarray(H200.sm_enabled)
+    assert np.all(r["sm_cycles"][enabled] == 4 * n - 1)  # every enabled SM cycles every tick
+    assert np.all(r["sm_cycles"][~enabled] == 0)  # floorswept slots stay zero
+    assert r["sm_issued"][sm] == n + 1 and r["sm_issued"].sum() == n + 1
+    assert r["sm_active_lanes"][sm] == 32 * (n + 1)
+    # active from cycle 1 through the EXIT cycle 4n - 2
+    assert r["sm_busy_cycles"][sm] == 4 * n - 2 and r["sm_busy_cycles"].sum() == 4 * n - 2
+    assert r["sm_warp_cycles"][sm] == 4 * n - 2
+    expect = dict.fromkeys(STALL, 0)
+    expect.update(selected=n + 1, wait=(4 * n - 2) - (n + 1))
+    assert stalls(r, sm) == expect
+    assert r["sm_ctas"].sum() == 1 and r["sm_ctas"][sm] == 1
+    assert r["makespan_ns"] == pytest.approx((4 * n - 1) * 1000 / 1980)
+    assert r["makespan_cycles"] == pytest.approx(4 * n - 1, rel=1e-6)
+
+
+def test_output_keys_shapes_dtypes():
+    kernel = make_kernel("fma dep\nalu", grid=3, threads=64)
+    r = reference.simulate(H200, kernel)
+    n_sm = H200.n_sm_slots
+    for key in ("sm_cycles", "sm_busy_cycles", "sm_issued", "sm_active_lanes", "sm_warp_cycles",
+                "sm_ctas"):
+        assert r[key].shape == (n_sm,) and r[key].dtype == np.int64, key
+    assert r["sm_stalls"].shape == (n_sm, 8) and r["sm_stalls"].dtype == np.int64
+    for key in ("cta_sm", "cta_start_tick", "cta_end_tick"):
+        assert r[key].shape == (3,) and r[key].dtype == np.int64, key
+    assert isinstance(r["makespan_ticks"], int)
+    # stall reasons partition the resident warp-cycles
+    assert np.array_equal(r["sm_stalls"].sum(axis=1), r["sm_warp_cycles"])
+
+
+def test_lds_short_scoreboard_and_mio_backlog():
+    """LDS at cycle 1 with m = 0: ready_mio = 1 + 0 + 4 + 29 = 34. The second LDS issues at
+    cycle 2 with m = 4 - 1 = 3 (one served at the end of cycle 1): ready_mio = 2 + 3 + 4 + 29 =
+    38. The dependent FMA issues at 38, EXIT at 39, makespan 40."""
+    kernel = make_kernel("lds ways=4\nlds ways=4\nfma dep", grid=1, threads=32)
+    r = reference.simulate(H200, kernel)
+    sm = int(r["cta_sm"][0])
+    assert r["makespan_ticks"] == 40
+    st = stalls(r, sm)
+    assert st["short_scoreboard"] == 38 - 3  # cycles 3 .. 37
+    assert st["selected"] == 4
+
+
+def test_mio_throttle():
+    """Five independent 8-way LDS from one warp (mio = backlog at issue, -1 per cycle):
+    c1: m 0 -> 8 (7 after the cycle); c2: m 7 -> 15 (14); c3: m 14 -> 22 (21);
+    c4..c9 throttled (21..16 >= 16); c10: m 15 -> 23 (22); c11..c17 throttled; c18: m 15;
+    ready_mio = 18 + 15 + 8 + 29 = 70; dependent FMA at 70, EXIT 71, makespan 72."""
+    kernel = make_kernel("\n".join(["lds ways=8"] * 5) + "\nfma dep", grid=1, threads=32)
+    r = reference.simulate(H200, kernel)
+    sm = int(r["cta_sm"][0])
+    assert r["makespan_ticks"] == 72
+    st = stalls(r, sm)
+    assert st["mio_throttle"] == 6 + 7
+    assert st["short_scoreboard"] == 69 - 18  # cycles 19 .. 69
+    assert st["selected"] == 7
+
+
+def test_math_pipe_throttle():
+    """Independent ALUs (issue_cycles 2) from one warp: one issue every 2 cycles."""
+    kernel = make_kernel("\n".join(["alu"] * 5), grid=1, threads=32)
+    r = reference.simulate(H200, kernel)
+    sm = int(r["cta_sm"][0])
+    # ALUs at cycles 1, 3, 5, 7, 9; EXIT (no pipe) at 10
+    assert r["makespan_ticks"] == 11
+    assert stalls(r, sm)["math_pipe_throttle"] == 4
+    assert stalls(r, sm)["selected"] == 6
+
+
+def test_ldg_latency_and_queue_order_within_a_cycle():
+    """Two warps (schedulers 0 and 1) each issue a 4 KiB LDG at cycle 1. Scheduler 0 enters the
+    queues first: ready_mem = 1 + lat + max(ceil(q_l2 / 1024), ceil(q_dram / 1024)) with its own
+    cost; scheduler 1 sees both costs. The dependent FMA issues at ready_mem, EXIT one later."""
+    kernel = make_kernel("ldg bytes=4096\nfma dep", grid=1, threads=64, l2_hit_rate=0.5)
+    launch = lowered(H200, kernel)
+    lat, l2, dram = (int(launch.mem_lat_ticks[0]), int(launch.l2_cost[0]), int(launch.dram_cost[0]))
+    # round((120 + 0.5 * 240) ns * 1.98 GHz) = round(475.2); round(4096 * 1.98 / 5500 * 1024)
+    assert (lat, l2, dram) == (475, 1510, 865)
+    ceil = lambda a: -(-a // 1024)  # noqa: E731
+    ready0 = 1 + lat + max(ceil(l2), ceil(dram))  # 478
+    ready1 = 1 + lat + max(ceil(2 * l2), ceil(2 * dram))  # 479
+    r = reference.simulate(H200, kernel)
+    assert r["makespan_ticks"] == max(ready0, ready1) + 2  # FMA at ready, EXIT at ready + 1
+    sm = int(r["cta_sm"][0])
+    st = stalls(r, sm)
+    assert st["long_scoreboard"] == (ready0 - 2) + (ready1 - 2)  # cycles 2 .. ready - 1
+    assert st["selected"] == 6
+
+
+def test_memory_latency_in_ticks_ignores_sm_clock():
+    """A single warp's dependent LDG: the FMA waits `mem_lat_ticks` global ticks."""
+    kernel = make_kernel("ldg\nfma dep", grid=1, threads=32, l2_hit_rate=1.0)
+    for ghz in (1.0, 2.0):
+        arch = arch_with_sms(1)
+        clk = clocks.uniform(arch, ghz)
+        launch = lowered(arch, kernel, clk=clk)
+        lat = int(launch.mem_lat_ticks[0])
+        assert lat == round(120 * ghz)  # l2 hit latency 120 ns
+        r = reference.simulate(arch, kernel, clk)
+        # LDG at 1; ready_mem = 1 + lat + 1 (the request's own queue cost, < 1 tick)
+        assert r["makespan_ticks"] == 1 + lat + 1 + 2
+
+
+# --- schedulers ----------------------------------------------------------------------------------
+
+
+def test_issue_bound_lrr_one_instruction_per_scheduler_per_cycle():
+    """One SM, 2 CTAs x 1024 threads = 16 warps per scheduler, each `n` dependent FMAs + EXIT.
+    LRR visits the 16 warps in turn, each every 16 cycles (>= the FMA latency 4), so every
+    scheduler issues every cycle 1 .. 16 (n + 1); warp q exits at 16 n + 1 + q."""
+    n = 6
+    arch = arch_with_sms(1)
+    kernel = make_kernel("\n".join(["fma dep"] * n), grid=2, threads=1024)
+    r = reference.simulate(arch, kernel, warp_policy="lrr")
+    assert r["makespan_ticks"] == 16 * (n + 1) + 1
+    assert r["sm_issued"][0] == 4 * 16 * (n + 1) == 4 * (r["makespan_ticks"] - 1)
+    # CTA 0 holds q = 0..7 of each scheduler, CTA 1 q = 8..15
+    assert r["cta_end_tick"].tolist() == [16 * n + 1 + 7, 16 * n + 1 + 15]
+    warp_cycles = 4 * sum(16 * n + 1 + q for q in range(16))
+    assert r["sm_warp_cycles"][0] == warp_cycles
+    st = stalls(r, 0)
+    assert st["selected"] == 64 * (n + 1)
+    assert st["wait"] == 64 * 3 * (n - 1)  # 3 cycles after each FMA but the last
+    assert st["not_selected"] == warp_cycles - st["selected"] - st["wait"]
+    assert r["sm_busy_cycles"][0] == r["makespan_ticks"] - 1
+
+
+def test_issue_bound_gto_same_work():
+    n = 6
+    arch = arch_with_sms(1)
+    kernel = make_kernel("\n".join(["fma dep"] * n), grid=2, threads=1024)
+    r = reference.simulate(arch, kernel, warp_policy="gto")
+    assert r["sm_issued"][0] == 4 * 16 * (n + 1)
+    assert 16 * (n + 1) + 1 <= r["makespan_ticks"] <= 16 * (n + 1) + 8
+
+
+def test_gto_staggers_ctas_lrr_keeps_them_together():
+    """8 co-resident CTAs (8 warps each) of a dependent-FMA loop on one SM: GTO (and oldest)
+    serve the oldest CTAs first, so CTAs finish in grid order spread over the run; LRR shares
+    the schedulers, so all finish within a few cycles of each other."""
+    arch = arch_with_sms(1)
+    kernel = make_kernel("loop 40\n  fma dep\nend", grid=8, threads=256)
+    res = {p: reference.simulate(arch, kernel, warp_policy=p) for p in ("gto", "lrr", "oldest")}
+    for p, r in res.items():
+        assert r["sm_issued"][0] == 8 * 8 * 41, p  # same work: 40 FMAs + EXIT per warp
+        assert r["cta_start_tick"].tolist() == [0] * 8, p
+    gto, lrr = res["gto"], res["lrr"]
+    span = lambda r: int(r["cta_end_tick"].max() - r["cta_end_tick"].min())  # noqa: E731
+    assert span(gto) > 0.6 * gto["makespan_ticks"]
+    assert span(lrr) < 0.05 * lrr["makespan_ticks"]
+    assert np.all(np.diff(gto["cta_end_tick"]) > 0)  # oldest first
+    assert np.array_equal(res["oldest"]["cta_end_tick"], gto["cta_end_tick"])
+    # 16 warps/scheduler of 4-cycle chains: issue-bound either way
+    assert gto["makespan_ticks"] == lrr["makespan_ticks"] == 16 * 41 + 1
+
+
+def test_barrier():
+    """One CTA of 8 warps (2 per scheduler), `fma dep; bar; alu dep` with GTO. Per scheduler:
+    q0 FMA at 1, BAR at 2; q1 FMA at 3, BAR at 4 (all arrive: release after issue of cycle 4);
+    q0 ALU at 5 (ready 1 + 4), EXIT 6; q1 ALU at 7 (ready 3 + 4), EXIT 8. Makespan 9."""
+    arch = arch_with_sms(1)
+    kernel = make_kernel("fma dep\nbar\nalu dep", grid=1, threads=256)
+    r = reference.simulate(arch, kernel)
+    assert r["makespan_ticks"] == 9
+    # per scheduler: q0 at the barrier in cycles 3, 4; q1 eligible-not-selected at 1, 2 and
+    # waiting for its FMA at 5, 6
+    expect = dict.fromkeys(STALL, 0)
+    expect.update(selected=32, not_selected=8, wait=8, barrier=8)
+    assert stalls(r, 0) == expect
+
+
+# --- CTA dispatch --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dispatch", ["hardware", "round_robin"])
+@pytest.mark.parametrize("dispatch_start", [0, 2])
+def test_every_cta_runs_exactly_once(dispatch, dispatch_start):
+    arch = arch_with_sms(4)
+    # 36 KiB dynamic shared memory per CTA: alloc 37 KiB -> 6 CTAs per SM (228 KiB)
+    kernel = make_kernel("loop 6 cta_spread=4 warp_spread=2\n  fma dep\n  alu\nend", grid=40,
+                         threads=128, smem_bytes=36 * 1024, seed=5)
+    launch = lowered(arch, kernel, dispatch=lower.DISPATCH_POLICIES.index(dispatch),
+                     dispatch_start=dispatch_start)
+    cps = int(launch.ctas_per_sm)
+    assert cps == 6
+    r = reference.simulate(arch, kernel, dispatch=dispatch, dispatch_start=dispatch_start)
+    assert np.all(np.isin(r["cta_sm"], [0, 1, 2, 3]))
+    assert np.array_equal(np.bincount(r["cta_sm"], minlength=arch.n_sm_slots), r["sm_ctas"])
+    assert r["sm_ctas"].sum() == 40
+    assert np.all(r["cta_start_tick"] < r["cta_end_tick"])
+    assert np.all(np.diff(r["cta_start_tick"]) >= 0)  # grid order
+    assert r["makespan_ticks"] == r["cta_end_tick"].max() + 1
+    # the first wave fills all 4 x 6 slots at tick 0, one CTA per SM in rank order at a time
+    rank = launch.dispatch_rank[:4]
+    by_rank = np.argsort(rank)
+    assert np.all(r["cta_start_tick"][:24] == 0) and np.all(r["cta_start_tick"][24:] > 0)
+    assert r["cta_sm"][:24].tolist() == [int(by_rank[i % 4]) for i in range(24)]
+    # residency, with a CTA occupying its slot over ticks [start, end), never exceeds the limit
+    for s in range(4):
+        mine = r["cta_sm"] == s
+        for t in np.unique(r["cta_start_tick"][mine]):
+            live = (r["cta_start_tick"][mine] <= t) & (r["cta_end_tick"][mine] > t)
+            assert live.sum() <= cps
+    # work: (2 instructions x trips + EXIT) per warp
+    expect = sum(2 * reference.warp_trips(5, 6, 4, 2, c, w) + 1 for c in range(40) for w in range(4))
+    assert r["sm_issued"].sum() == expect
+
+
+def test_round_robin_pointer_moves_past_last_choice():
+    """Round robin places one CTA per SM per pass in rank order, starting after the last SM."""
+    arch = arch_with_sms(4)
+    kernel = make_kernel("fma dep", grid=10, threads=32)
+    launch = lowered(arch, kernel, dispatch=1, dispatch_start=1)
+    by_rank = np.argsort(launch.dispatch_rank[:4])
+    r = reference.simulate(arch, kernel, dispatch="round_robin", dispatch_start=1)
+    assert r["cta_sm"].tolist() == [int(by_rank[c % 4]) for c in range(10)]
+    assert r["cta_start_tick"].tolist() == [0] * 10
+
+
+def test_slow_sm_runs_at_its_own_clock():
+    """Two SMs at 1980 and 990 MHz: the tick is 1980 MHz and the slow SM cycles at odd ticks
+    (its accumulator reaches F at tick 1, 3, ...: cycle n at tick 2n + 1). A 10-FMA chain:
+    fast SM EXIT at tick 38; slow SM: first FMA at its cycle 0 (tick 1), EXIT at cycle
+    4*10 - 3 = 37 = tick 75. sm_cycles over makespan 76: 76 and floor(76 * 990 / 1980) = 38."""
+    arch = arch_with_sms(2)
+    freq = np.zeros(arch.n_sm_slots)
+    freq[:2] = (1980, 990)
+    clk = clocks.from_array(arch, freq)
+    kernel = make_kernel("\n".join(["fma dep"] * 10), grid=2, threads=32)
+    launch = lowered(arch, kernel, clk=clk)
+    r = reference.simulate(arch, kernel, clk)
+    fast_first = int(np.argmin(launch.dispatch_rank[:2])) == 0
+    ends = dict(zip(r["cta_sm"].tolist(), r["cta_end_tick"].tolist()))
+    assert ends == {0: 38, 1: 75}
+    assert r["makespan_ticks"] == 76
+    assert r["sm_cycles"][:3].tolist() == [76, 38, 0]
+    assert r["cta_sm"].tolist() == ([0, 1] if fast_first else [1, 0])
+    assert r["makespan_ns"] == pytest.approx(76 * 1000 / 1980)
+
+
+# --- program semantics ---------------------------------------------------------------------------
+
+
+def _expected_work(kernel, seed, trips, cs, ws, threshold, n_pre, n_loop_plain, n_if, n_else,
+                   n_post):
+    """Issued instructions and active lanes implied by a loop-with-if/else program."""
+    warps = -(-int(kernel.threads_per_cta) // 32)
+    last = int(kernel.threads_per_cta) - 32 * (warps - 1)
+    issued = lanes_total = 0
+    for c in range(int(kernel.grid_ctas)):
+        for w in range(warps):
+            lanes = last if w == warps - 1 else 32
+            t = reference.warp_trips(seed, trips, cs, ws, c, w)
+            il = reference.warp_if_lanes(seed, threshold, c, w, lanes)
+            el = lanes - il
+            per_trip = n_loop_plain + (n_if if il else 0) + (n_else if el else 0)
+            issued += n_pre + t * per_trip + n_post
+            lanes_total += lanes * (n_pre + t * n_loop_plain + n_post) + t * (n_if * il + n_else * el)
+    return issued, lanes_total
+
+
+def test_issued_and_lanes_match_program_with_loop_and_divergent_branch():
+    program = """
+        alu
+        loop 1 cta_spread=3 warp_spread=1
+          fma dep
+          if 0.3
+            sfu dep
+            alu
+          else
+            fma dep
+          end
+          lds ways=2
+        end
+        exit
+    """
+    kernel = make_kernel(program, grid=12, threads=100, seed=11)
+    launch = lowered(H200, kernel)
+    threshold = int(launch.branch_threshold)
+    assert threshold == round(0.3 * 2**24)
+    trips = [reference.warp_trips(11, 1, 3, 1, c, w) for c in range(12) for w in range(4)]
+    assert min(trips) == 0 and max(trips) >= 2  # covers zero-trip warps
+    r = reference.simulate(H200, kernel)
+    issued, lanes = _expected_work(kernel, 11, 1, 3, 1, threshold, n_pre=1, n_loop_plain=2,
+                                   n_if=2, n_else=1, n_post=1)
+    assert r["sm_issued"].sum() == issued
+    assert r["sm_active_lanes"].sum() == lanes
+    assert np.array_equal(r["sm_stalls"].sum(axis=1), r["sm_warp_cycles"])
+
+
+@pytest.mark.parametrize("p, expect_issued", [(0.0, 1 + 1), (1.0, 2 + 1)])
+def test_pc_resolution_branch_then_zero_trip_loop(p, expect_issued):
+    """An if/else at pc 0 followed directly by a zero-trip loop: at launch (p = 0) rule 2 jumps
+    to the else-path; after the last path instruction rules 3 and 1 skip the empty path and the
+    zero-trip loop, landing on EXIT."""
+    program = f"if {p}\n  fma\n  fma\nelse\n  alu\nend\nloop 0\n  sfu\nend\nexit"
+    kernel = make_kernel(program, grid=1, threads=32)
+    r = reference.simulate(H200, kernel)
+    assert r["sm_issued"].sum() == expect_issued
+    assert r["sm_active_lanes"].sum() == 32 * expect_issued
+
+
+def test_zero_trip_loop_at_program_start():
+    kernel = make_kernel("loop 0\n  fma dep\nend\nalu", grid=1, threads=32)
+    r = reference.simulate(H200, kernel)
+    assert r["sm_issued"].sum() == 2  # ALU, EXIT
+    assert r["makespan_ticks"] == 3  # ALU at 1, EXIT at 2
+
+
+def test_partial_last_warp_lanes():
+    kernel = make_kernel("fma\nalu", grid=2, threads=70)  # warps of 32, 32, 6 lanes
+    r = reference.simulate(H200, kernel)
+    assert r["sm_issued"].sum() == 2 * 3 * 3
+    assert r["sm_active_lanes"].sum() == 2 * 3 * 70
+
+
+# --- clocks --------------------------------------------------------------------------------------
+
+
+def test_memory_bound_ignores_sm_clock_compute_bound_scales():
+    arch = arch_with_sms(4)
+    slow, fast = clocks.uniform(arch, 1.0), clocks.uniform(arch, 2.0)
+    mem = make_kernel("loop 20\n  ldg\n  fma dep\nend", grid=4, threads=32)
+    comp = make_kernel("loop 50\n  fma dep\nend", grid=4, threads=32)
+    m1 = reference.simulate(arch, mem, slow)["makespan_ns"]
+    m2 = reference.simulate(arch, mem, fast)["makespan_ns"]
+    c1 = reference.simulate(arch, comp, slow)
+    c2 = reference.simulate(arch, comp, fast)
+    assert 0.97 < m2 / m1 <= 1.0
+    # the same 4 n - 1 = 199 ticks (1 + 4 x 49 + 1 + 1), at twice the tick rate
+    assert c1["makespan_ticks"] == c2["makespan_ticks"] == 199
+    assert c2["makespan_ns"] / c1["makespan_ns"] == pytest.approx(0.5)
+
+
+def test_max_ticks_exceeded_raises():
+    kernel = make_kernel("\n".join(["fma dep"] * 10), grid=1, threads=32)
+    with pytest.raises(RuntimeError, match="max_ticks"):
+        reference.simulate(H200, kernel, max_ticks=20)
+
+
+def test_simulate_launch_equals_simulate():
+    arch = arch_with_sms(3)
+    kernel = make_kernel("loop 4 warp_spread=3\n  ldg\n  fma dep\n  shfl\nend\nbar", grid=7,
+                         threads=96, seed=2)
+    a = reference.simulate(arch, kernel, warp_policy="oldest", dispatch="round_robin")
+    launch = lowered(arch, kernel, warp_policy=2, dispatch=1)
+    b = reference.simulate_launch(launch, lower.shapes_for(arch, kernel))
+    assert set(b) == set(a) - {"makespan_ns", "makespan_cycles"}
+    for key in b:
+        assert np.array_equal(a[key], b[key]), key
+    assert int(Op.LDG) in launch.op.tolist()
