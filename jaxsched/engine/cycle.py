@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..isa import Op
 from ..lower import QUEUE_ONE_TICK, Launch, Shapes
 from .state import N_PIPES, State
-from .status import INF, SELECTED, WarpStatus, count_reasons, warp_status
+from .status import INF, SELECTED, WarpStatus, count_reasons, per_warp, warp_status
 from .variation import resolve_pc
 
 LRR, GTO, OLDEST = 0, 1, 2
@@ -33,9 +34,8 @@ def select(
 ) -> tuple[Bool[Array, "sm warp"], Bool[Array, "sm sched"], Int[Array, "sm sched"]]:
     """Each scheduler picks at most one eligible warp by the warp policy (minimum key)."""
     n_q, n_j = shapes.warps_per_scheduler, shapes.schedulers
-    slot = jnp.arange(shapes.warp_slots, dtype=jnp.int32)
-    q, j = slot // n_j, slot % n_j
-    last = state.last[:, j]
+    q = jnp.arange(shapes.warp_slots, dtype=jnp.int32) // n_j
+    last = per_warp(state.last, shapes)
     key = jnp.select(
         [launch.warp_policy == LRR, launch.warp_policy == GTO],
         [(q - last - 1) % n_q, jnp.where(q == last, -1, state.warps.age)],
@@ -56,10 +56,16 @@ def _per_scheduler(x: Array, sel: Array, shapes: Shapes) -> Array:
 
 def _per_cta(x: Array, launch: Launch, shapes: Shapes) -> Array:
     """Sum of `x` [sm, warp] over each CTA slot's warps (slots j*W .. j*W+W-1): [sm, cta]."""
-    csum = jnp.concatenate([jnp.zeros_like(x[:, :1]), jnp.cumsum(x, axis=1, dtype=jnp.int32)], axis=1)
-    bounds = jnp.minimum(jnp.arange(shapes.cta_slots + 1, dtype=jnp.int32) * launch.warps_per_cta, shapes.warp_slots)
-    at = csum[:, bounds]
-    return at[:, 1:] - at[:, :-1]
+    cta_of_warp = jnp.minimum(jnp.arange(shapes.warp_slots, dtype=jnp.int32) // launch.warps_per_cta,
+                              shapes.cta_slots - 1)
+    return jnp.zeros((x.shape[0], shapes.cta_slots), x.dtype).at[:, cta_of_warp].add(x)
+
+
+def _prefix_sum_sm_sched(x: Int[Array, "sm sched"]) -> Int[Array, "sm sched"]:
+    """Inclusive prefix sum in (SM, scheduler) order: within each SM, then across SMs."""
+    within = jnp.cumsum(x, axis=1, dtype=jnp.int32)
+    before = jnp.cumsum(within[:, -1], dtype=jnp.int32) - within[:, -1]
+    return within + before[:, None]
 
 
 def _ceil_ticks(queue: Array) -> Array:
@@ -74,7 +80,6 @@ def run_tick(state: State, launch: Launch, shapes: Shapes) -> State:
     st = warp_status(state, launch, shapes, c, k)
     sel, has, q_sel = select(state, launch, shapes, st, edge)
     w = state.warps
-    j_of = jnp.arange(shapes.warp_slots, dtype=jnp.int32) % shapes.schedulers
     op = st.op
 
     # MIO: schedulers in index order share the SM's backlog.
@@ -83,7 +88,7 @@ def run_tick(state: State, launch: Launch, shapes: Shapes) -> State:
     is_short = (op == Op.LDS) | (op == Op.SHFL)
     ready_mio = jnp.where(
         sel & is_short,
-        jnp.maximum(w.ready_mio, c[:, None] + mio_before[:, j_of] + st.mio_cost + st.lat),
+        jnp.maximum(w.ready_mio, c[:, None] + per_warp(mio_before, shapes) + st.mio_cost + st.lat),
         w.ready_mio,
     )
     mio = state.mio + jnp.sum(mio_cost, axis=1, dtype=jnp.int32)
@@ -99,11 +104,11 @@ def run_tick(state: State, launch: Launch, shapes: Shapes) -> State:
     # Chip-wide L2 and DRAM queues, in (SM, scheduler) order.
     l2 = _per_scheduler(st.l2_cost, sel, shapes)
     dram = _per_scheduler(st.dram_cost, sel, shapes)
-    l2_after = state.q_l2 + jnp.cumsum(l2.reshape(-1), dtype=jnp.int32).reshape(l2.shape)
-    dram_after = state.q_dram + jnp.cumsum(dram.reshape(-1), dtype=jnp.int32).reshape(dram.shape)
+    l2_after = state.q_l2 + _prefix_sum_sm_sched(l2)
+    dram_after = state.q_dram + _prefix_sum_sm_sched(dram)
     delay = jnp.maximum(_ceil_ticks(l2_after), _ceil_ticks(dram_after))
     ready_mem = jnp.where(
-        sel & (op == Op.LDG), jnp.maximum(w.ready_mem, k + st.mem_lat + delay[:, j_of]), w.ready_mem
+        sel & (op == Op.LDG), jnp.maximum(w.ready_mem, k + st.mem_lat + per_warp(delay, shapes)), w.ready_mem
     )
 
     # Barrier arrival, exit, next pc.

@@ -3,95 +3,136 @@
 A policy is a score per SM; the next CTA goes to the highest-scoring SM with a free CTA slot,
 one CTA at a time, scores re-evaluated after every placement. Policies are selected by a traced
 index, so one compiled simulation serves all of them.
+
+The placement loop carries only the CTA-slot table (small); the warps of every CTA placed in the
+tick are then launched together, vectorised over all warp slots, from per-CTA variation tables
+computed once per run. Under `vmap` a `while_loop` selects its whole carry at every iteration,
+so keeping the warp arrays out of it is what makes dispatch cheap.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
 from ..lower import Launch, Shapes
-from .state import State, Warps
+from .state import State
 from .variation import resolve_pc, warp_variation
 
 HARDWARE, ROUND_ROBIN = 0, 1
 
 
-def scores(state: State, launch: Launch, room: Int[Array, " sm"]) -> Int[Array, " sm"]:
+class Variation(NamedTuple):
+    """Per CTA and warp-in-CTA: loop trips, lanes and if-path lanes (docs/model.md section 4)."""
+
+    trips: Int[Array, "grid 32"]
+    lanes: Int[Array, "grid 32"]
+    if_lanes: Int[Array, "grid 32"]
+
+
+def variation_tables(launch: Launch, shapes: Shapes) -> Variation:
+    cta = jnp.arange(shapes.max_ctas, dtype=jnp.int32)
+    warp = jnp.arange(32, dtype=jnp.int32)
+    trips, lanes, if_lanes = jax.vmap(lambda c: warp_variation(launch, c, warp))(cta)
+    return Variation(trips, lanes, if_lanes)
+
+
+class _Slots(NamedTuple):
+    cta_id: Int[Array, "sm cta"]
+    resident: Int[Array, " sm"]
+    next_cta: Int[Array, ""]
+    rr_pointer: Int[Array, ""]
+
+
+def scores(slots: _Slots, launch: Launch, room: Int[Array, " sm"]) -> Int[Array, " sm"]:
     """Higher is preferred; only SMs with room are considered by the caller."""
     n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled, dtype=jnp.int32), 1)
     # "Most room", ties to the lowest rank in the rotated fixed order [Gil21].
     most_room = room * 65536 - launch.dispatch_rank
     # Round robin: first SM at or after the pointer in rank order.
-    round_robin = -((launch.dispatch_rank - state.rr_pointer) % n_enabled)
+    round_robin = -((launch.dispatch_rank - slots.rr_pointer) % n_enabled)
     return jnp.where(launch.dispatch_policy == HARDWARE, most_room, round_robin)
 
 
-def _place(state: State, launch: Launch, shapes: Shapes, tick: Int[Array, ""]) -> State:
-    room = jnp.where(launch.sm_enabled, launch.ctas_per_sm - state.resident, 0)
-    score = jnp.where(room > 0, scores(state, launch, room), jnp.iinfo(jnp.int32).min)
+def _room(slots: _Slots, launch: Launch) -> Int[Array, " sm"]:
+    return jnp.where(launch.sm_enabled, launch.ctas_per_sm - slots.resident, 0)
+
+
+def _place_one(slots: _Slots, launch: Launch, shapes: Shapes) -> _Slots:
+    room = _room(slots, launch)
+    score = jnp.where(room > 0, scores(slots, launch, room), jnp.iinfo(jnp.int32).min)
     sm = jnp.argmax(score).astype(jnp.int32)
-    slots = jnp.arange(shapes.cta_slots, dtype=jnp.int32)
-    free = (state.cta_id[sm] < 0) & (slots < launch.ctas_per_sm)
+    free = (slots.cta_id[sm] < 0) & (jnp.arange(shapes.cta_slots, dtype=jnp.int32) < launch.ctas_per_sm)
     j = jnp.argmax(free).astype(jnp.int32)
-    cta = state.next_cta
-    n_w = launch.warps_per_cta
-
-    slot = jnp.arange(shapes.warp_slots, dtype=jnp.int32)
-    warp = jnp.clip(slot - j * n_w, 0, 31)
-    mine = (slot >= j * n_w) & (slot < (j + 1) * n_w)
-    trips, lanes, if_lanes = warp_variation(launch, cta, warp)
-    pc0 = resolve_pc(launch, jnp.zeros_like(slot), trips, if_lanes, lanes)
-    w = state.warps
-
-    def put(field: Array, value: Array) -> Array:
-        return field.at[sm].set(jnp.where(mine, value, field[sm]))
-
-    zero = jnp.zeros_like(slot)
-    warps = Warps(
-        active=put(w.active, True),
-        pc=put(w.pc, pc0),
-        trips_left=put(w.trips_left, trips),
-        lanes=put(w.lanes, lanes),
-        if_lanes=put(w.if_lanes, if_lanes),
-        age=put(w.age, 32 * cta + warp),
-        at_barrier=put(w.at_barrier, False),
-        ready_fixed=put(w.ready_fixed, zero),
-        ready_mio=put(w.ready_mio, zero),
-        ready_mem=put(w.ready_mem, zero),
-    )
     n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled, dtype=jnp.int32), 1)
+    return _Slots(
+        cta_id=slots.cta_id.at[sm, j].set(slots.next_cta),
+        resident=slots.resident.at[sm].add(1),
+        next_cta=slots.next_cta + 1,
+        rr_pointer=jnp.where(launch.dispatch_policy == ROUND_ROBIN,
+                             (launch.dispatch_rank[sm] + 1) % n_enabled, slots.rr_pointer),
+    )
+
+
+def dispatch(
+    state: State, launch: Launch, shapes: Shapes, variation: Variation, tick: Int[Array, ""]
+) -> State:
+    """Place CTAs until the grid is exhausted or no enabled SM has a free slot; launch their warps."""
+
+    def has_work(slots: _Slots) -> Array:
+        return (slots.next_cta < launch.n_ctas) & jnp.any(_room(slots, launch) > 0)
+
+    start = _Slots(state.cta_id, state.resident, state.next_cta, state.rr_pointer)
+    slots = jax.lax.while_loop(has_work, lambda s: _place_one(s, launch, shapes), start)
+    new = (slots.cta_id >= 0) & (slots.cta_id != state.cta_id)  # [sm, cta]
+
+    # Launch the new CTAs' warps: slot w belongs to CTA slot w // W, warp w mod W.
+    n_w = launch.warps_per_cta
+    slot = jnp.arange(shapes.warp_slots, dtype=jnp.int32)
+    j_of = jnp.minimum(slot // n_w, shapes.cta_slots - 1)
+    warp = jnp.clip(slot - j_of * n_w, 0, 31)
+    fresh = new[:, j_of] & (slot < shapes.cta_slots * n_w)[None, :]
+    cta = jnp.clip(slots.cta_id[:, j_of], 0, shapes.max_ctas - 1)
+    trips = variation.trips[cta, warp]
+    lanes = variation.lanes[cta, warp]
+    if_lanes = variation.if_lanes[cta, warp]
+    pc0 = resolve_pc(launch, jnp.zeros_like(trips), trips, if_lanes, lanes)
+    w = state.warps
+    zero = jnp.zeros_like(trips)
+    warps = replace(
+        w,
+        active=w.active | fresh,
+        pc=jnp.where(fresh, pc0, w.pc),
+        trips_left=jnp.where(fresh, trips, w.trips_left),
+        lanes=jnp.where(fresh, lanes, w.lanes),
+        if_lanes=jnp.where(fresh, if_lanes, w.if_lanes),
+        age=jnp.where(fresh, 32 * cta + warp, w.age),
+        at_barrier=w.at_barrier & ~fresh,
+        ready_fixed=jnp.where(fresh, zero, w.ready_fixed),
+        ready_mio=jnp.where(fresh, zero, w.ready_mio),
+        ready_mem=jnp.where(fresh, zero, w.ready_mem),
+    )
+
     k = state.counters
+    ids = jnp.where(new, slots.cta_id, shapes.max_ctas).reshape(-1)  # out of range: dropped
+    sm_of = jnp.broadcast_to(jnp.arange(shapes.n_sm, dtype=jnp.int32)[:, None], new.shape).reshape(-1)
     return replace(
         state,
-        cta_id=state.cta_id.at[sm, j].set(cta),
-        cta_live=state.cta_live.at[sm, j].set(n_w),
-        cta_arrived=state.cta_arrived.at[sm, j].set(0),
-        resident=state.resident.at[sm].add(1),
+        cta_id=slots.cta_id,
+        cta_live=jnp.where(new, n_w, state.cta_live),
+        cta_arrived=jnp.where(new, 0, state.cta_arrived),
+        resident=slots.resident,
         warps=warps,
-        next_cta=cta + 1,
-        rr_pointer=jnp.where(
-            launch.dispatch_policy == ROUND_ROBIN,
-            (launch.dispatch_rank[sm] + 1) % n_enabled,
-            state.rr_pointer,
-        ),
+        next_cta=slots.next_cta,
+        rr_pointer=slots.rr_pointer,
         counters=replace(
             k,
-            sm_ctas=k.sm_ctas.at[sm].add(1),
-            cta_sm=k.cta_sm.at[cta].set(sm),
-            cta_start_tick=k.cta_start_tick.at[cta].set(tick),
+            sm_ctas=k.sm_ctas + jnp.sum(new, axis=1, dtype=jnp.int32),
+            cta_sm=k.cta_sm.at[ids].set(sm_of, mode="drop"),
+            cta_start_tick=k.cta_start_tick.at[ids].set(tick, mode="drop"),
         ),
     )
-
-
-def dispatch(state: State, launch: Launch, shapes: Shapes, tick: Int[Array, ""]) -> State:
-    """Place CTAs until the grid is exhausted or no enabled SM has a free CTA slot."""
-
-    def has_work(st: State) -> Array:
-        room = jnp.where(launch.sm_enabled, launch.ctas_per_sm - st.resident, 0)
-        return (st.next_cta < launch.n_ctas) & jnp.any(room > 0)
-
-    return jax.lax.while_loop(has_work, lambda st: _place(st, launch, shapes, tick), state)

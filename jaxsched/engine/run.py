@@ -24,7 +24,7 @@ from ..errors import check
 from ..kernel import Kernel
 from ..lower import DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, policy_index, shapes_for, validate
 from .cycle import run_tick
-from .dispatch import dispatch
+from .dispatch import dispatch, variation_tables
 from .events import skip_to_next_event
 from .state import STALL_REASONS, State, initial_state
 
@@ -82,9 +82,11 @@ class Result(eqx.Module):
 def run_launch(launch: Launch, shapes: Shapes, max_ticks: int) -> State:
     """The event loop of one configuration (vmappable)."""
 
+    variation = variation_tables(launch, shapes)
+
     def step(state: State) -> State:
         state = run_tick(state, launch, shapes)
-        state = dispatch(state, launch, shapes, state.tick)
+        state = dispatch(state, launch, shapes, variation, state.tick)
         done = state.ctas_done >= launch.n_ctas
         advanced = skip_to_next_event(state, launch, shapes)
         return jax.tree.map(lambda a, b: jnp.where(done, a, b), state, advanced)

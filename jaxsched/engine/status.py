@@ -38,13 +38,31 @@ class WarpStatus(NamedTuple):
     clear_tick: Int[Array, "sm warp"]  # tick the long scoreboard clears (INF: not blocked)
 
 
+def instruction_table(launch: Launch) -> Int[Array, "instr 8"]:
+    """Per-instruction fields packed as columns (op, dep, lat, issue, mio, mem_lat, l2, dram)."""
+    return jnp.stack(
+        [launch.op, launch.dep.astype(jnp.int32), launch.lat_cycles, launch.issue_cycles,
+         launch.mio_cost, launch.mem_lat_ticks, launch.l2_cost, launch.dram_cost],
+        axis=-1,
+    )
+
+
+def per_warp(x: Array, shapes: Shapes) -> Array:
+    """Broadcast a per-scheduler value [sm, sched] to the warp slots [sm, warp] (slot 4q + j)."""
+    n_sm = x.shape[0]
+    return jnp.broadcast_to(x[:, None, :], (n_sm, shapes.warps_per_scheduler, shapes.schedulers)).reshape(
+        n_sm, shapes.warp_slots)
+
+
 def warp_status(
     state: State, launch: Launch, shapes: Shapes, cycle: Int[Array, " sm"], tick: Int[Array, ""]
 ) -> WarpStatus:
     w = state.warps
     pc = jnp.clip(w.pc, 0, shapes.n_instr - 1)
-    op = launch.op[pc]
-    dep = launch.dep[pc]
+    # One gather of a packed per-instruction table instead of one per field.
+    fields = instruction_table(launch)[pc]
+    op, dep, lat, issue, mio_cost, mem_lat, l2_cost, dram_cost = (fields[..., i] for i in range(8))
+    dep = dep > 0
     c = cycle[:, None]
 
     long_sb = dep & (tick < w.ready_mem)
@@ -54,10 +72,9 @@ def warp_status(
     mio = state.mio[:, None]
     mio_throttle = is_mio & (mio >= launch.mio_depth)
     has_pipe = op < N_PIPES
-    sched = jnp.arange(shapes.warp_slots, dtype=jnp.int32) % shapes.schedulers
-    pipe_free = jnp.take_along_axis(
-        state.pipe_free[:, sched, :], jnp.clip(op, 0, N_PIPES - 1)[..., None], axis=-1
-    )[..., 0]
+    pipe_free = per_warp(state.pipe_free[..., 0], shapes)
+    pipe_free = jnp.where(op == 1, per_warp(state.pipe_free[..., 1], shapes), pipe_free)
+    pipe_free = jnp.where(op == 2, per_warp(state.pipe_free[..., 2], shapes), pipe_free)
     pipe_throttle = has_pipe & (c < pipe_free)
 
     live = w.active & ~w.at_barrier
@@ -83,12 +100,12 @@ def warp_status(
     active_lanes = jnp.where(in_if, w.if_lanes, jnp.where(in_else, w.lanes - w.if_lanes, w.lanes))
     return WarpStatus(
         op=op,
-        lat=launch.lat_cycles[pc],
-        issue=launch.issue_cycles[pc],
-        mio_cost=launch.mio_cost[pc],
-        mem_lat=launch.mem_lat_ticks[pc],
-        l2_cost=launch.l2_cost[pc],
-        dram_cost=launch.dram_cost[pc],
+        lat=lat,
+        issue=issue,
+        mio_cost=mio_cost,
+        mem_lat=mem_lat,
+        l2_cost=l2_cost,
+        dram_cost=dram_cost,
         active_lanes=active_lanes,
         eligible=eligible,
         reason=reason,
