@@ -1,7 +1,7 @@
 """Engine throughput in simulated SM-cycles per second, printed as JSON.
 
 Workload (issue 3): the H200 preset (132 SMs), 4 waves of 256-thread CTAs (8 CTAs per SM at
-32 registers, so 4224 CTAs), each warp looping over a mix of global loads and FMAs. The batch
+32 registers, so 4224 CTAs), each warp looping (`--trips`, default 4) over a mix of global loads and FMAs. The batch
 varies the per-SM clock maps (random, 1.6-1.98 GHz) and the warp policy, so every member is a
 different configuration. Compile time is measured separately from the steady-state run.
 
@@ -23,7 +23,7 @@ from jaxsched.engine.run import simulate_batch
 from jaxsched.kernel import make_kernel
 
 PROGRAM = """
-loop 12 cta_spread=2
+loop {trips} cta_spread=2
   ldg bytes=128
   fma
   fma dep
@@ -33,9 +33,9 @@ end
 """
 
 
-def workload(batch: int, seed: int = 0):
+def workload(batch: int, trips: int = 4, seed: int = 0):
     arch = js.presets.get("h200")
-    kernel = make_kernel(PROGRAM, grid=4 * 8 * arch.sm_count, threads=256, regs=32, l2_hit_rate=0.6)
+    kernel = make_kernel(PROGRAM.format(trips=trips), grid=4 * 8 * arch.sm_count, threads=256, regs=32, l2_hit_rate=0.6)
     rng = np.random.default_rng(seed)
     maps = [clocks.from_array(arch, rng.uniform(1600, 1980, arch.n_sm_slots)) for _ in range(batch)]
     policies = np.arange(batch) % 3
@@ -45,10 +45,11 @@ def workload(batch: int, seed: int = 0):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--trips", type=int, default=4, help="loop trips per warp")
     parser.add_argument("--reference-configs", type=int, default=0,
                         help="also time the plain-Python reference on this many configurations")
     args = parser.parse_args()
-    arch, kernel, maps, policies = workload(args.batch)
+    arch, kernel, maps, policies = workload(args.batch, args.trips)
     run = lambda: simulate_batch([arch] * args.batch, [kernel] * args.batch, maps, policies, 0, 0)  # noqa: E731
 
     t0 = time.perf_counter()
@@ -64,6 +65,7 @@ def main() -> None:
         "batch": args.batch,
         "sm_count": arch.sm_count,
         "ctas_per_config": int(kernel.grid_ctas),
+        "loop_trips": args.trips,
         "mean_makespan_ns": float(np.mean(result.makespan_ns)),
         "simulated_sm_cycles": sm_cycles,
         "run_seconds": round(steady, 3),

@@ -1,21 +1,44 @@
 """jaxsched: vectorised simulation of NVIDIA GPU warp and CTA scheduling on chips whose SMs run
-at different, changing clocks."""
+at different, changing clocks.
 
-from . import presets
+    import jaxsched as js
+    arch = js.presets.get("h200")
+    kernel = js.make_kernel("loop 16\n ldg\n fma dep\nend", grid=1056, threads=256)
+    result = js.simulate(arch, kernel, warp_policy="gto", dispatch="hardware")
+"""
+
+from . import clocks, presets
 from .arch import Arch, make_arch
+from .archio import load as load_arch
+from .clocks import Clocks
+from .engine.run import Result, simulate, simulate_batch, stack
 from .errors import JaxschedError
 from .isa import Op
+from .kernel import Kernel, load_kernel, make_kernel
+from .lower import DISPATCH_POLICIES, WARP_POLICIES
 from .occupancy import Occupancy, max_active_blocks, occupancy
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DISPATCH_POLICIES",
+    "WARP_POLICIES",
     "Arch",
+    "Clocks",
     "JaxschedError",
+    "Kernel",
     "Occupancy",
     "Op",
+    "Result",
+    "clocks",
+    "load_arch",
+    "load_kernel",
     "make_arch",
+    "make_kernel",
     "max_active_blocks",
     "occupancy",
     "presets",
+    "simulate",
+    "simulate_batch",
+    "stack",
 ]

@@ -11,9 +11,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import archio, presets
+from . import archio, clocks, presets
 from .arch import Arch
 from .errors import JaxschedError
+from .lower import DISPATCH_POLICIES, WARP_POLICIES
 from .occupancy import CARVEOUT_DEFAULT, NO_LIMIT, occupancy
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
@@ -120,6 +121,62 @@ def cmd_occupancy(args: argparse.Namespace) -> int:
     return 0
 
 
+@_command
+def cmd_run(args: argparse.Namespace) -> int:
+    from .engine.run import simulate  # imported here: `jaxsched occupancy` stays light
+    from .kernel import load_kernel
+
+    arch = load_arch(args.arch)
+    kernel = load_kernel(args.kernel)
+    clk = clocks.uniform(arch, args.clock_ghz)
+    result = simulate(arch, kernel, clk, warp_policy=args.warp_policy, dispatch=args.dispatch,
+                      dispatch_start=args.dispatch_start)
+    n = int(kernel.grid_ctas)
+    enabled = np.asarray(arch.sm_enabled)
+    stalls = np.asarray(result.sm_stalls).sum(axis=0)
+    summary = {
+        "arch": arch.name,
+        "kernel": kernel.name,
+        "warp_policy": args.warp_policy,
+        "dispatch": args.dispatch,
+        "clock_ghz": float(clk.sm_freq_mhz.max()) / 1000.0,
+        "makespan_ns": float(result.makespan_ns),
+        "makespan_cycles": float(result.makespan_cycles),
+        "makespan_ticks": int(result.makespan_ticks),
+        "ctas": n,
+        "ctas_per_sm": np.asarray(result.sm_ctas)[enabled].tolist(),
+        "issued_instructions": int(np.sum(result.sm_issued)),
+        "ipc_per_sm_mean": float(np.mean(result.ipc[enabled])),
+        "achieved_occupancy_mean": float(np.mean(result.achieved_occupancy[enabled])),
+        "simt_efficiency": float(result.simt_efficiency),
+        "stall_reasons": dict(zip(result.stall_reasons, (int(v) for v in stalls))),
+        "cta_trace": {
+            "sm": np.asarray(result.cta_sm)[:n].tolist(),
+            "start_ns": np.round(result.cta_start_ns[:n], 3).tolist(),
+            "end_ns": np.round(result.cta_end_ns[:n], 3).tolist(),
+        },
+    }
+    if args.json:
+        json.dump(summary, sys.stdout)
+        print()
+        return 0
+    counts = np.asarray(summary["ctas_per_sm"])
+    print(f"{kernel.name} on {arch.name} ({arch.sm_count} SMs at {summary['clock_ghz']:.3f} GHz), "
+          f"warp policy {args.warp_policy}, dispatch {args.dispatch}")
+    print(f"  makespan          : {summary['makespan_ns']:.1f} ns = {summary['makespan_cycles']:.0f} "
+          f"cycles at {float(arch.boost_clock_ghz):.3f} GHz")
+    print(f"  CTAs              : {n}, per SM {counts.min()}..{counts.max()}")
+    print(f"  instructions      : {summary['issued_instructions']}, IPC/SM {summary['ipc_per_sm_mean']:.2f}, "
+          f"achieved occupancy {100 * summary['achieved_occupancy_mean']:.1f}%, "
+          f"SIMT efficiency {100 * summary['simt_efficiency']:.1f}%")
+    total = max(sum(summary["stall_reasons"].values()), 1)
+    print("  warp states       : " + ", ".join(
+        f"{k} {100 * v / total:.1f}%" for k, v in summary["stall_reasons"].items() if v))
+    ends = result.cta_end_ns[:n]
+    print(f"  CTA end times     : first {ends.min():.1f} ns, median {np.median(ends):.1f} ns, last {ends.max():.1f} ns")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxsched", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -138,6 +195,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="preferred shared-memory carveout percent (-1: default)")
     p.add_argument("--barriers", type=int, default=1, help="CTA barriers used by the kernel")
     p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = sub.add_parser("run", help="simulate one kernel launch")
+    p.add_argument("kernel", help="kernel TOML file (see sweeps/kernels/)")
+    p.add_argument("--arch", default="h200", help="preset name or arch TOML path")
+    p.add_argument("--clock-ghz", type=float, default=None, help="uniform SM clock (default: boost)")
+    p.add_argument("--warp-policy", default="gto", choices=WARP_POLICIES)
+    p.add_argument("--dispatch", default="hardware", choices=DISPATCH_POLICIES)
+    p.add_argument("--dispatch-start", type=int, default=0, help="rotation of the hardware SM order")
+    p.add_argument("--json", action="store_true", help="print JSON (with the per-CTA trace)")
     return parser
 
 

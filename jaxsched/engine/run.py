@@ -116,7 +116,8 @@ def _run_config(
     return Result(
         makespan_ticks=ticks,
         makespan_ns=ns,
-        makespan_cycles=ns * arch.boost_clock_ghz.astype(jnp.float64),
+        makespan_cycles=ticks.astype(jnp.float64) * jnp.round(arch.boost_clock_ghz * 1000.0).astype(jnp.float64)
+        / launch.tick_mhz,
         tick_mhz=launch.tick_mhz,
         completed=final.ctas_done >= launch.n_ctas,
         sm_cycles=c.sm_cycles,
