@@ -116,6 +116,8 @@ def from_dict(doc: dict, source: str = "<dict>") -> Arch:
     base_name = doc.pop("base", None)
     fields: dict = {}
     if base_name is not None:
+        check(str(base_name).lower() in presets.names(), f"{source}: base", base_name,
+              f"unknown preset; known presets: {', '.join(presets.names())}")
         base = presets.get(str(base_name))
         fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
     known = set(_TOP) | set(_SECTIONS) | {"sm", "hierarchy"}
@@ -126,10 +128,15 @@ def from_dict(doc: dict, source: str = "<dict>") -> Arch:
             fields[key] = doc[key]
     if "sm" in doc and "hierarchy" in doc:
         raise JaxschedError(f"{source}: sm", "both [sm] and [hierarchy]", "give one of them")
-    if "hierarchy" in doc:
-        fields.update(_hierarchy(doc["hierarchy"], source))
-    if "sm" in doc:
-        fields.update(_sm(doc["sm"], source))
+    try:
+        if "hierarchy" in doc:
+            fields.update(_hierarchy(doc["hierarchy"], source))
+        if "sm" in doc:
+            fields.update(_sm(doc["sm"], source))
+    except JaxschedError:
+        raise
+    except (TypeError, ValueError, IndexError, ZeroDivisionError, OverflowError) as exc:
+        raise JaxschedError(f"{source}: hierarchy", "bad value", str(exc)) from None
     for section, keys in _SECTIONS.items():
         table = doc.get(section, {})
         check(isinstance(table, dict), f"{source}: [{section}]", table, "must be a table")
@@ -142,13 +149,15 @@ def from_dict(doc: dict, source: str = "<dict>") -> Arch:
     check(not missing, f"{source}", f"missing {missing}", "every field is required unless `base` names a preset")
     try:
         return make_arch(**fields)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         if isinstance(exc, JaxschedError):
             raise JaxschedError(f"{source}: {exc.field}", exc.value, exc.limit) from None
         raise JaxschedError(source, "bad value", str(exc)) from None
 
 
-def _hierarchy(table: dict, source: str) -> dict:
+def _hierarchy(table: object, source: str) -> dict:
+    check(isinstance(table, dict), f"{source}: hierarchy", table, "must be a table")
+    assert isinstance(table, dict)
     for key in table:
         check(key in _HIERARCHY_KEYS, f"{source}: hierarchy.{key}", table[key], f"expected one of {_HIERARCHY_KEYS}")
     for key in ("gpc_tpcs_full", "die_mm"):

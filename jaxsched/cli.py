@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -13,7 +14,7 @@ import numpy as np
 
 from . import archio, clocks, presets
 from .arch import Arch
-from .errors import JaxschedError
+from .errors import JaxschedError, check
 from .lower import DISPATCH_POLICIES, WARP_POLICIES
 from .occupancy import CARVEOUT_DEFAULT, NO_LIMIT, occupancy
 
@@ -177,6 +178,42 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+DEMO_SPEC = Path(__file__).resolve().parent.parent / "sweeps" / "demo.toml"
+
+
+@_command
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from . import plot, sweep
+
+    spec = sweep.load(args.spec or DEMO_SPEC)
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.chunk:
+        spec = dataclasses.replace(spec, chunk=args.chunk)
+    print(f"{spec.title}: {spec.n_configs} configurations in chunks of {spec.chunk}", file=sys.stderr)
+    ds = sweep.run(spec, progress=sweep.print_progress)
+    nc = out / "sweep.nc"
+    ds.to_netcdf(nc, engine="h5netcdf")
+    png = plot.makespan(ds, out / "makespan.png")
+    print(f"wrote {nc} and {png}")
+    print(ds["makespan_ns"].median("replicate").to_dataframe().unstack(
+        [d for d in ds["makespan_ns"].dims if d not in ("replicate",)][-1]).round(1).to_string())
+    return 0
+
+
+@_command
+def cmd_plot(args: argparse.Namespace) -> int:
+    import xarray as xr
+
+    from . import plot
+
+    path = Path(args.dataset)
+    check(path.exists(), "dataset", str(path), "no such file")
+    ds = xr.open_dataset(path, engine="h5netcdf")
+    print(f"wrote {plot.makespan(ds, args.output, x=args.x)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxsched", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -204,6 +241,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dispatch", default="hardware", choices=DISPATCH_POLICIES)
     p.add_argument("--dispatch-start", type=int, default=0, help="rotation of the hardware SM order")
     p.add_argument("--json", action="store_true", help="print JSON (with the per-CTA trace)")
+
+    p = sub.add_parser("sweep", help="run a sweep spec (default: sweeps/demo.toml)")
+    p.add_argument("spec", nargs="?", help="sweep TOML (see sweeps/)")
+    p.add_argument("-o", "--output", default="results/sweep", help="output folder")
+    p.add_argument("--chunk", type=int, default=None, help="configurations per batched call")
+
+    p = sub.add_parser("plot", help="plot makespan from a sweep dataset")
+    p.add_argument("dataset", help="sweep.nc written by `jaxsched sweep`")
+    p.add_argument("-o", "--output", default="makespan.png", help="PNG or SVG path")
+    p.add_argument("--x", default=None, help="swept dimension on the x axis")
     return parser
 
 

@@ -40,3 +40,16 @@ def from_array(arch: Arch, sm_freq_mhz: ArrayLike) -> Clocks:
           f"{f[bad][0] if np.any(bad) else ''} (SM {int(np.argmax(bad))})",
           f"every enabled SM needs a clock in 1..{MAX_MHZ} MHz")
     return Clocks(sm_freq_mhz=np.where(enabled, f, 0).astype(np.int32))
+
+
+def gaussian(arch: Arch, seed: int, mean_ghz: float, sigma: float) -> Clocks:
+    """Independent per-SM clocks `mean (1 + sigma z)`, z ~ N(0, 1), capped at the boost clock.
+
+    The simplest die-variation model (no spatial correlation): a baseline for dispatch studies.
+    """
+    check(sigma >= 0, "clocks.sigma", sigma, "a relative standard deviation >= 0")
+    check(mean_ghz > 0, "clocks.mean_ghz", mean_ghz, "a positive frequency")
+    z = np.random.default_rng(seed).standard_normal(arch.n_sm_slots)
+    boost_mhz = float(arch.boost_clock_ghz) * 1000.0
+    mhz = np.clip(mean_ghz * 1000.0 * (1.0 + sigma * z), 0.1 * boost_mhz, boost_mhz)
+    return from_array(arch, mhz)

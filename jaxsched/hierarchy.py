@@ -30,6 +30,10 @@ def build_hierarchy(
     `gpc_tpcs_enabled[g]` of them enabled. Returns the `Arch` hierarchy fields."""
     check(len(gpc_tpcs_full) == len(gpc_tpcs_enabled), "gpc_tpcs_enabled", list(gpc_tpcs_enabled),
           f"one count per GPC ({len(gpc_tpcs_full)})")
+    check(len(die_mm) == 2 and all(float(v) > 0 for v in die_mm), "die_mm", list(die_mm),
+          "two positive sizes (width, height) in mm")
+    check(int(gpc_rows) >= 1, "gpc_rows", gpc_rows, ">= 1")
+    check(len(gpc_tpcs_full) >= 1, "gpc_tpcs_full", list(gpc_tpcs_full), "at least one GPC")
     for g, (full, on) in enumerate(zip(gpc_tpcs_full, gpc_tpcs_enabled)):
         check(0 <= on <= full, f"gpc_tpcs_enabled[{g}]", on, f"between 0 and {full} TPC sites")
 

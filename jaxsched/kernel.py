@@ -99,9 +99,11 @@ class _Structure:
 
 def parse_program(text: str) -> tuple[list[Instr], _Structure]:
     """Parse the program text form (module docstring); errors name the line."""
+    check(isinstance(text, str), "program", text, "a string in the program text form")
     instrs: list[Instr] = []
     struct = _Structure()
-    stack: list[tuple[str, int, tuple]] = []  # ("loop"|"if"|"else", start index, params)
+    stack: list[tuple[str, int, tuple, int]] = []  # (kind, start index, params, line)
+    exit_line = 0
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -109,27 +111,29 @@ def parse_program(text: str) -> tuple[list[Instr], _Structure]:
         words = line.split()
         head, rest = words[0].lower(), words[1:]
         where = f"program line {lineno}"
+        check(not exit_line, where, line, f"nothing may follow `exit` (line {exit_line})")
         if head == "loop":
             check(struct.loop is None and not any(s[0] == "loop" for s in stack), where, line,
                   "at most one loop per program")
             check(not stack, where, line, "a loop cannot sit inside an if/else")
             trips, opts = _args(rest, where, ("cta_spread", "warp_spread"))
-            stack.append(("loop", len(instrs), (trips, opts.get("cta_spread", 0), opts.get("warp_spread", 0))))
+            stack.append(("loop", len(instrs), (trips, opts.get("cta_spread", 0), opts.get("warp_spread", 0)),
+                          lineno))
         elif head == "if":
             check(struct.branch is None and not any(s[0] in ("if", "else") for s in stack), where,
                   line, "at most one if/else per program")
             check(len(rest) == 1, where, line, "`if P` takes one lane probability")
             p = _number(rest[0], where, float)
             check(0.0 <= p <= 1.0, where, p, "the if-probability must be in [0, 1]")
-            stack.append(("if", len(instrs), (p,)))
+            stack.append(("if", len(instrs), (p,), lineno))
         elif head == "else":
             check(bool(stack) and stack[-1][0] == "if", where, line, "`else` without `if`")
-            _, start, params = stack.pop()
+            _, start, params, opened = stack.pop()
             check(len(instrs) > start, where, line, "the if-block is empty")
-            stack.append(("else", start, (params[0], len(instrs))))
+            stack.append(("else", start, (params[0], len(instrs)), opened))
         elif head == "end":
             check(bool(stack), where, line, "`end` without `loop` or `if`")
-            kind, start, params = stack.pop()
+            kind, start, params, _ = stack.pop()
             check(len(instrs) > start, where, line, f"the {kind}-block is empty")
             if kind == "loop":
                 struct.loop = (start, len(instrs) - 1, *params)
@@ -143,6 +147,10 @@ def parse_program(text: str) -> tuple[list[Instr], _Structure]:
             check(head in OP_NAMES, where, head, f"unknown instruction; expected one of {OP_NAMES} "
                   "or loop/if/else/end")
             op = Op[head.upper()]
+            if op == Op.EXIT:
+                check(not stack, where, line, "`exit` must be the program's last instruction, "
+                      "outside any loop or if/else")
+                exit_line = lineno
             flags = [w for w in rest if "=" not in w]
             for f in flags:
                 check(f == "dep", where, f, "the only flag is `dep`")
@@ -154,11 +162,11 @@ def parse_program(text: str) -> tuple[list[Instr], _Structure]:
             check(0 < nbytes <= 4096 or op != Op.LDG, where, nbytes, "ldg bytes per warp in 1..4096")
             check(1 <= ways <= 32, where, ways, "bank-conflict ways in 1..32")
             instrs.append(Instr(op, dep="dep" in flags, bytes_per_warp=nbytes, bank_ways=ways))
-    check(not stack, "program", f"unclosed {stack[-1][0] if stack else ''}", "every loop/if needs `end`")
+    if stack:
+        kind, _, _, opened = stack[-1]
+        raise JaxschedError(f"program line {opened}", kind, f"this `{kind}` has no `end`")
     if not instrs or instrs[-1].op != Op.EXIT:
         instrs.append(Instr(Op.EXIT))
-    exits = [i for i, ins in enumerate(instrs) if ins.op == Op.EXIT]
-    check(exits == [len(instrs) - 1], "program", f"exit at {exits}", "exactly one exit, at the end")
     if struct.loop is not None and struct.branch is not None:
         ls, le = struct.loop[:2]
         bs, _, be = struct.branch[:3]
@@ -213,8 +221,14 @@ def make_kernel(
     `pad_to` pads the program with trailing EXITs to a fixed length, so kernels of different
     programs share one compiled simulation.
     """
-    check(isinstance(grid, (int, np.integer)) and grid >= 1, "grid", grid, "at least 1 CTA")
-    check(0.0 <= l2_hit_rate <= 1.0, "l2_hit_rate", l2_hit_rate, "a fraction in [0, 1]")
+    for field, value, low in (("grid", grid, 1), ("threads", threads, 1), ("regs", regs, 0),
+                              ("smem_bytes", smem_bytes, 0), ("static_smem_bytes", static_smem_bytes, 0)):
+        check(isinstance(value, (int, np.integer)) and not isinstance(value, bool), field, value, "an integer")
+        check(low <= value < 2**31, field, value, f"between {low} and 2^31 - 1")
+    check(isinstance(seed, (int, np.integer)) and -(2**31) <= seed < 2**31, "seed", seed, "a 32-bit integer")
+    check(isinstance(l2_hit_rate, (int, float)) and 0.0 <= l2_hit_rate <= 1.0, "l2_hit_rate",
+          l2_hit_rate, "a fraction in [0, 1]")
+    check(isinstance(name, str), "name", name, "a string")
     instrs, struct = parse_program(program)
     n = len(instrs)
     if pad_to is not None:

@@ -8,6 +8,7 @@ sweep of equal static shapes compiles once. Counters are int64: the engine runs 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Sequence
 
@@ -160,6 +161,8 @@ def simulate(
     `hardware`/`round_robin`; `dispatch_start` rotates the hardware SM order."""
     clocks = clocks_mod.uniform(arch) if clocks is None else clocks
     validate(arch, kernel, clocks)
+    check(isinstance(dispatch_start, (int, np.integer)) and 0 <= dispatch_start < 2**31,
+          "dispatch_start", dispatch_start, "an integer in 0 .. 2^31 - 1")
     wp = np.int32(policy_index(warp_policy, WARP_POLICIES, "warp_policy"))
     dp = np.int32(policy_index(dispatch, DISPATCH_POLICIES, "dispatch"))
     with jax.enable_x64(True):
@@ -171,7 +174,22 @@ def simulate(
 
 
 def stack(items: Sequence[eqx.Module]) -> eqx.Module:
-    """Stack equal-shaped pytrees (Arch, Kernel, Clocks) along a new leading batch axis."""
+    """Stack equal-shaped pytrees (Arch, Kernel, Clocks) along a new leading batch axis.
+
+    Names may differ (the stack is named by joining them); other static fields, which fix
+    shapes or rules (compute capability, schedulers per SM), must agree.
+    """
+    first = items[0]
+    if dataclasses.is_dataclass(first):
+        statics = [f.name for f in dataclasses.fields(first) if f.metadata.get("static")]
+        for field in statics:
+            values = [getattr(x, field) for x in items]
+            if field == "name":
+                joined = "|".join(dict.fromkeys(values))
+                items = [dataclasses.replace(x, name=joined) if x.name != joined else x for x in items]
+            else:
+                check(len(set(values)) == 1, field, sorted(set(map(str, values))),
+                      "configurations in one batch must agree on it")
     return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *items)
 
 

@@ -1,0 +1,216 @@
+"""The `jaxsched` command line, run in-process through `jaxsched.cli.main` (plus one run of the
+installed console script): occupancy, arch, run, and bad input as one error line with exit 2."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from jaxsched import archio, presets
+from jaxsched.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+KERNELS = ROOT / "sweeps" / "kernels"
+SCRIPT = Path(sys.executable).parent / "jaxsched"
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def curve_rows(out: str) -> list[tuple[int, int, float]]:
+    return [(int(t), int(b), float(o)) for t, b, o in
+            re.findall(r"^\s+(\d+)\s+(\d+) blocks\s+([\d.]+)%", out, flags=re.M)]
+
+
+# --------------------------------------------------------------------------- occupancy
+
+
+def check_occupancy_text(out: str) -> None:
+    assert re.search(r"active blocks per SM\s*:\s*4\b", out), out
+    assert re.search(r"active warps per SM\s*:\s*32 of 64\b", out), out
+    assert re.search(r"occupancy\s*:\s*50\.0%", out), out
+    assert re.search(r"limited by\s*:\s*registers\s*$", out, flags=re.M), out
+    rows = curve_rows(out)
+    assert [t for t, _, _ in rows] == list(range(32, 1025, 32))
+    assert rows[7] == (256, 4, 50.0)
+    marked = [line for line in out.splitlines() if line.rstrip().endswith("<")]
+    assert len(marked) == 1 and marked[0].split()[0] == "256"
+
+
+def test_occupancy_text(capsys):
+    rc, out, err = run_cli(capsys, "occupancy", "--arch", "h200", "--threads", "256",
+                           "--regs", "64", "--smem", "0")
+    assert rc == 0 and err == ""
+    check_occupancy_text(out)
+
+
+def test_occupancy_json(capsys):
+    rc, out, err = run_cli(capsys, "occupancy", "--arch", "h200", "--threads", "256",
+                           "--regs", "64", "--smem", "0", "--json")
+    assert rc == 0 and err == ""
+    doc = json.loads(out)
+    for key in ("blocks_per_sm", "occupancy_percent", "limiters", "limits", "curve"):
+        assert key in doc, key
+    assert doc["blocks_per_sm"] == 4
+    assert doc["occupancy_percent"] == 50.0
+    assert doc["limiters"] == ["registers"]
+    assert doc["limits"]["registers"] == 4 and doc["limits"]["warps"] == 8
+    assert doc["active_warps"] == 32 and doc["max_warps_per_sm"] == 64
+    assert len(doc["curve"]) == 32
+    assert [r["threads_per_block"] for r in doc["curve"]] == list(range(32, 1025, 32))
+    row = doc["curve"][7]
+    assert row == {"threads_per_block": 256, "blocks_per_sm": 4, "occupancy_percent": 50.0}
+    # the curve agrees with single-point queries at other sizes
+    assert doc["curve"][-1]["blocks_per_sm"] == 1 and doc["curve"][-1]["occupancy_percent"] == 50.0
+
+
+def test_occupancy_json_other_arch_and_toml_file(capsys, tmp_path):
+    """DOMAIN.md's worked check (256 threads, 32 regs: 8 blocks, 100%) through an arch TOML."""
+    path = tmp_path / "chip.toml"
+    archio.save(presets.get("a100"), path)
+    rc, out, _ = run_cli(capsys, "occupancy", "--arch", str(path), "--threads", "256",
+                         "--regs", "32", "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    assert doc["arch"] == "a100" and doc["blocks_per_sm"] == 8
+    assert doc["occupancy_percent"] == 100.0
+
+
+# --------------------------------------------------------------------------- arch
+
+
+def test_arch_text(capsys):
+    rc, out, err = run_cli(capsys, "arch", "h200")
+    assert rc == 0 and err == ""
+    assert re.search(r"SMs: 132 enabled of 144", out), out
+    assert "compute capability 9.0" in out
+    assert "[18, 18, 16, 16, 16, 16, 16, 16]" in out
+    assert "[0, 1, 16, 17, 32, 33, 48, 49" in out
+
+
+def test_arch_toml_round_trip(capsys):
+    rc, out, err = run_cli(capsys, "arch", "h200", "--toml")
+    assert rc == 0 and err == ""
+    back = archio.loads(out)
+    ref = presets.get("h200")
+    assert back.name == "h200" and back.sm_count == 132
+    import jax
+
+    la, ta = jax.tree_util.tree_flatten(ref)
+    lb, tb = jax.tree_util.tree_flatten(back)
+    assert ta == tb
+    for x, y in zip(la, lb):
+        assert np.asarray(x).dtype == np.asarray(y).dtype
+        np.testing.assert_array_equal(x, y)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@pytest.fixture(scope="module")
+def bad_arch_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("cli") / "bad_arch.toml"
+    path.write_text("name = = 3\n")
+    return path
+
+
+OCC = ("occupancy", "--arch", "h200", "--regs", "32")
+BAD_INPUT = {
+    "threads 0": (("occupancy", "--threads", "0", "--regs", "32"), "threads_per_block", "0"),
+    "threads 1025": ((*OCC, "--threads", "1025"), "threads_per_block", "1025"),
+    "regs 300": (("occupancy", "--threads", "256", "--regs", "300"), "regs_per_thread", "300"),
+    "smem above opt-in": ((*OCC, "--threads", "256", "--smem", "232449"),
+                          "dynamic_smem_bytes", "232449"),
+    "negative smem": ((*OCC, "--threads", "256", "--smem", "-1"), "dynamic_smem_bytes", "-1"),
+    "carveout 150": ((*OCC, "--threads", "256", "--carveout", "150"), "carveout_percent", "150"),
+    "unknown arch (occupancy)": (("occupancy", "--arch", "b200", "--threads", "256", "--regs", "32"),
+                                 "arch", "b200"),
+    "unknown arch (arch)": (("arch", "b200"), "arch", "b200"),
+    "unknown arch (run)": (("run", str(KERNELS / "divergent.toml"), "--arch", "b200"), "arch", "b200"),
+    "missing kernel file": (("run", "/nonexistent/kernel.toml"), "kernel file",
+                            "/nonexistent/kernel.toml"),
+    "missing arch file": (("arch", "/nonexistent/chip.toml"), "arch file", "/nonexistent/chip.toml"),
+    "malformed arch TOML (arch)": (("arch", "@BAD@"), "@BAD@", "malformed TOML"),
+    "malformed arch TOML (occupancy)": (("occupancy", "--arch", "@BAD@", "--threads", "256",
+                                         "--regs", "32"), "@BAD@", "malformed TOML"),
+    "clock 0": (("run", str(KERNELS / "divergent.toml"), "--clock-ghz", "0"), "sm_freq_mhz", "0"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUT))
+def test_bad_input_one_line_exit_2(capsys, bad_arch_file, case):
+    argv, field, value = BAD_INPUT[case]
+    argv = [str(bad_arch_file) if a == "@BAD@" else a for a in argv]
+    field = str(bad_arch_file) if field == "@BAD@" else field
+    rc, out, err = run_cli(capsys, *argv)
+    assert rc == 2
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"jaxsched {argv[0]}: error: "), err
+    assert "Traceback" not in err
+    assert field in lines[0] and value in lines[0], err
+
+
+@pytest.mark.parametrize("kind", ["dispatch-start", "grid", "program"])
+def test_bad_input_no_traceback(capsys, tmp_path, kind):
+    kernel = tmp_path / "k.toml"
+    grid = "10000000000" if kind == "grid" else "4"
+    program = "5" if kind == "program" else '"fma"'
+    kernel.write_text(f"[kernel]\ngrid = {grid}\nthreads = 64\nprogram = {program}\n")
+    argv = ["run", str(kernel)]
+    if kind == "dispatch-start":
+        argv += ["--dispatch-start", "10000000000"]
+    assert main(argv) == 2
+
+
+# --------------------------------------------------------------------------- run
+
+
+def test_run_json(capsys):
+    rc, out, err = run_cli(capsys, "run", str(KERNELS / "compute_bound.toml"), "--json")
+    assert rc == 0
+    doc = json.loads(out)
+    grid = 1056
+    assert doc["arch"] == "h200" and doc["kernel"] == "compute_bound" and doc["ctas"] == grid
+    assert doc["makespan_ns"] > 0
+    assert doc["makespan_cycles"] > 0
+    # makespan_cycles counts cycles of the boost clock (all SMs run at it here)
+    assert doc["makespan_cycles"] == pytest.approx(doc["makespan_ns"] * 1.98, rel=1e-6)
+    # 64 dependent FMAs per warp, 16 warps per scheduler: at least 64 x 16 issue cycles
+    assert doc["makespan_cycles"] >= 64 * 16
+    counts = doc["ctas_per_sm"]
+    assert len(counts) == 132 and sum(counts) == grid
+    assert counts == [8] * 132  # one full wave: 8 CTAs of 256 threads per SM
+    trace = doc["cta_trace"]
+    for key in ("sm", "start_ns", "end_ns"):
+        assert len(trace[key]) == grid, key
+    sm = np.asarray(trace["sm"])
+    start, end = np.asarray(trace["start_ns"]), np.asarray(trace["end_ns"])
+    assert sm.min() >= 0 and sm.max() < 132
+    np.testing.assert_array_equal(np.bincount(sm, minlength=132), counts)
+    assert np.all(start >= 0) and np.all(end > start)
+    assert end.max() == pytest.approx(doc["makespan_ns"], abs=1e-3)
+
+
+# --------------------------------------------------------------------------- console script
+
+
+def test_console_script_occupancy():
+    cmd = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "jaxsched.cli"]
+    proc = subprocess.run(
+        [*cmd, "occupancy", "--arch", "h200", "--threads", "256", "--regs", "64", "--smem", "0"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    check_occupancy_text(proc.stdout)

@@ -1,0 +1,297 @@
+"""`jaxsched.kernel`: the program text form, `make_kernel`, `kernel_from_dict`, `load_kernel`,
+the example kernels in `sweeps/kernels/`, and bad programs / launch values naming the line."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import jaxsched as js
+from jaxsched import kernel as kmod
+from jaxsched.isa import Op
+from jaxsched.kernel import Instr, kernel_from_dict, load_kernel, make_kernel, parse_program
+
+KERNELS = sorted((Path(__file__).resolve().parent.parent / "sweeps" / "kernels").glob("*.toml"))
+
+
+def docstring_program() -> str:
+    """The example program of `jaxsched.kernel`'s module docstring."""
+    doc = kmod.__doc__
+    start = doc.index("(also the TOML `program` field):")
+    end = doc.index("See docs/model.md")
+    block = doc[start:end].split("\n", 1)[1]
+    return textwrap.dedent(block)
+
+
+def test_docstring_program_parses():
+    text = docstring_program()
+    assert "loop 64" in text and "exit" in text  # the extraction found the example
+    instrs, struct = parse_program(text)
+    assert [i.op for i in instrs] == [Op.LDG, Op.FMA, Op.LDS, Op.SFU, Op.FMA, Op.BAR, Op.EXIT]
+    assert [i.dep for i in instrs] == [False, True, False, True, True, False, False]
+    assert [i.bytes_per_warp for i in instrs] == [128, 0, 0, 0, 0, 0, 0]
+    assert [i.bank_ways for i in instrs] == [1, 1, 2, 1, 1, 1, 1]
+    assert struct.loop == (0, 2, 64, 8, 4)
+    assert struct.branch == (3, 4, 5, 0.25)
+
+
+def test_docstring_program_kernel_arrays():
+    k = make_kernel(docstring_program(), grid=10, threads=128, regs=40, smem_bytes=1024,
+                    static_smem_bytes=512, l2_hit_rate=0.75, seed=3, name="doc")
+    assert k.name == "doc" and k.n_instr == 7
+    np.testing.assert_array_equal(k.op, [4, 0, 3, 2, 0, 6, 7])
+    np.testing.assert_array_equal(k.dep, [0, 1, 0, 1, 1, 0, 0])
+    np.testing.assert_array_equal(k.bytes_per_warp, [128, 0, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(k.bank_ways, [1, 1, 2, 1, 1, 1, 1])
+    assert (int(k.loop_start), int(k.loop_end)) == (0, 2)
+    assert (int(k.branch_start), int(k.branch_mid), int(k.branch_end)) == (3, 4, 5)
+    assert (int(k.trips), int(k.trips_cta_spread), int(k.trips_warp_spread)) == (64, 8, 4)
+    assert float(k.branch_if_probability) == 0.25
+    assert float(k.l2_hit_rate) == 0.75
+    assert (int(k.grid_ctas), int(k.threads_per_cta), int(k.regs_per_thread)) == (10, 128, 40)
+    assert (int(k.dynamic_smem_bytes), int(k.static_smem_bytes), int(k.seed)) == (1024, 512, 3)
+    for field in ("op", "bytes_per_warp", "bank_ways", "loop_start", "trips", "grid_ctas", "seed"):
+        assert getattr(k, field).dtype == np.int32, field
+    assert k.dep.dtype == bool
+    assert k.branch_if_probability.dtype == np.float32 and k.l2_hit_rate.dtype == np.float32
+
+
+def test_no_loop_no_branch_marked_minus_one():
+    k = make_kernel("alu\nshfl dep", grid=1, threads=32)
+    np.testing.assert_array_equal(k.op, [Op.ALU, Op.SHFL, Op.EXIT])
+    for field in ("loop_start", "loop_end", "branch_start", "branch_mid", "branch_end"):
+        assert int(getattr(k, field)) == -1, field
+    assert int(k.trips) == 0 and float(k.branch_if_probability) == 0.0
+
+
+def test_if_inside_loop_and_branch_after_loop():
+    _, s = parse_program("loop 3\n fma\n if 0.5\n  sfu\n else\n  alu\n end\n fma dep\nend")
+    assert s.loop == (0, 3, 3, 0, 0) and s.branch == (1, 2, 3, 0.5)
+    _, s = parse_program("loop 3\n fma\nend\nif 1\n sfu\nelse\n alu\nend")
+    assert s.loop == (0, 0, 3, 0, 0) and s.branch == (1, 2, 3, 1.0)
+
+
+def test_exit_appended_when_missing():
+    instrs, _ = parse_program("fma")
+    assert instrs == [Instr(Op.FMA), Instr(Op.EXIT)]
+    instrs, _ = parse_program("fma\nexit dep  # explicit exit kept, not doubled\n\n")
+    assert [i.op for i in instrs] == [Op.FMA, Op.EXIT] and instrs[-1].dep
+    instrs, _ = parse_program("loop 2\n fma\nend")
+    assert [i.op for i in instrs] == [Op.FMA, Op.EXIT]
+
+
+def test_comments_blank_lines_case_and_defaults():
+    instrs, _ = parse_program("\n# header\n  LDG   # default 128 bytes\n\tLds ways=32\nldg bytes=4096 dep\n")
+    assert [i.op for i in instrs] == [Op.LDG, Op.LDS, Op.LDG, Op.EXIT]
+    assert [i.bytes_per_warp for i in instrs] == [128, 0, 4096, 0]
+    assert [i.bank_ways for i in instrs] == [1, 32, 1, 1]
+    assert [i.dep for i in instrs] == [False, False, True, False]
+
+
+def test_pad_to():
+    prog = "loop 4\n ldg bytes=64\n fma dep\nend"
+    k = make_kernel(prog, grid=2, threads=64, pad_to=8)
+    assert k.n_instr == 8
+    np.testing.assert_array_equal(k.op, [Op.LDG, Op.FMA] + [Op.EXIT] * 6)
+    np.testing.assert_array_equal(k.dep, [False, True] + [False] * 6)
+    np.testing.assert_array_equal(k.bytes_per_warp, [64] + [0] * 7)
+    np.testing.assert_array_equal(k.bank_ways, [1] * 8)
+    assert (int(k.loop_start), int(k.loop_end), int(k.trips)) == (0, 1, 4)
+    # exactly full: no padding; padding is the only difference from the unpadded kernel
+    assert make_kernel(prog, grid=2, threads=64, pad_to=3).n_instr == 3
+    unpadded = make_kernel(prog, grid=2, threads=64)
+    np.testing.assert_array_equal(np.asarray(k.op)[:3], unpadded.op)
+    with pytest.raises(js.JaxschedError) as exc:
+        make_kernel(prog, grid=2, threads=64, pad_to=2)
+    assert "pad_to" in str(exc.value) and "2" in str(exc.value) and "3 instructions" in str(exc.value)
+
+
+# --------------------------------------------------------------------------- example kernels
+
+
+def test_example_kernels_exist():
+    assert {p.stem for p in KERNELS} >= {"compute_bound", "divergent", "fma_ldg", "memory_bound"}
+
+
+@pytest.mark.parametrize("path", KERNELS, ids=[p.stem for p in KERNELS])
+def test_example_kernel_loads(path):
+    k = load_kernel(path)
+    assert isinstance(k, js.Kernel)
+    assert k.name == path.stem
+    assert int(k.grid_ctas) >= 1 and 1 <= int(k.threads_per_cta) <= 1024
+    op = np.asarray(k.op)
+    assert op[-1] == Op.EXIT and np.sum(op == Op.EXIT) == 1
+    assert 0.0 <= float(k.l2_hit_rate) <= 1.0
+    assert int(k.loop_start) <= int(k.loop_end) < k.n_instr - 1
+
+
+def test_divergent_example_fields():
+    k = load_kernel(KERNELS[0].parent / "divergent.toml")
+    assert (int(k.grid_ctas), int(k.threads_per_cta), int(k.regs_per_thread), int(k.seed)) == (528, 200, 40, 7)
+    np.testing.assert_array_equal(
+        k.op, [Op.LDS, Op.FMA, Op.SFU, Op.SFU, Op.FMA, Op.BAR, Op.EXIT])
+    np.testing.assert_array_equal(k.dep, [0, 1, 1, 1, 1, 0, 1])
+    np.testing.assert_array_equal(k.bank_ways, [2, 1, 1, 1, 1, 1, 1])
+    assert (int(k.trips), int(k.trips_cta_spread), int(k.trips_warp_spread)) == (32, 24, 8)
+    assert (int(k.branch_start), int(k.branch_mid), int(k.branch_end)) == (2, 4, 5)
+    assert float(k.branch_if_probability) == 0.25
+
+
+def test_kernel_from_dict_top_level_or_table():
+    body = {"program": "fma dep", "grid": 3, "threads": 96, "name": "x", "l2_hit_rate": 0.0}
+    a = kernel_from_dict(body)
+    b = kernel_from_dict({"kernel": body})
+    assert a.name == b.name == "x"
+    np.testing.assert_array_equal(a.op, b.op)
+    assert int(a.grid_ctas) == 3 and float(a.l2_hit_rate) == 0.0
+
+
+# --------------------------------------------------------------------------- bad programs
+
+# program text, line the error must name, fragment of the message
+BAD_PROGRAMS = {
+    "unknown instruction": ("fma\nfoo dep", 2, "unknown instruction"),
+    "two loops": ("loop 2\n fma\nend\nloop 3\n fma\nend", 4, "at most one loop"),
+    "nested loops": ("loop 2\n loop 3\n  fma\n end\nend", 2, "at most one loop"),
+    "loop inside if": ("if 0.5\n loop 2\n  fma\n end\nelse\n fma\nend", 2, "inside an if"),
+    "two ifs": ("if 0.5\n fma\nelse\n alu\nend\nif 0.5\n fma\nelse\n alu\nend", 6,
+                "at most one if"),
+    "if without else": ("if 0.5\n fma\nend", 3, "else"),
+    "empty loop": ("fma\nloop 2\nend", 3, "empty"),
+    "empty if-block": ("if 0.5\nelse\n fma\nend", 2, "if-block is empty"),
+    "empty else-block": ("if 0.5\n fma\nelse\nend", 4, "else-block is empty"),
+    "end without opener": ("fma\nend", 2, "without"),
+    "else without if": ("fma\nelse", 2, "without"),
+    "bytes on fma": ("fma\nalu bytes=64", 2, "ldg only"),
+    "ways on ldg": ("ldg ways=2", 1, "lds only"),
+    "ldg bytes 0": ("ldg bytes=0", 1, "1..4096"),
+    "ldg bytes too large": ("ldg bytes=8192", 1, "1..4096"),
+    "ways 33": ("lds ways=33", 1, "1..32"),
+    "probability above 1": ("if 1.5\n fma\nelse\n alu\nend", 1, "[0, 1]"),
+    "probability below 0": ("fma\nif -0.1\n fma\nelse\n alu\nend", 2, "[0, 1]"),
+    "probability nan": ("if nan\n fma\nelse\n alu\nend", 1, "[0, 1]"),
+    "probability not a number": ("if half\n fma\nelse\n alu\nend", 1, "float"),
+    "negative trips": ("alu\nloop -3\n fma\nend", 2, "trip count"),
+    "negative spread": ("loop 3 cta_spread=-1\n fma\nend", 1, ">= 0"),
+    "unknown loop option": ("loop 3 lane_spread=2\n fma\nend", 1, "unknown option"),
+    "loop without trips": ("loop\n fma\nend", 1, "trip count"),
+    "unknown flag": ("fma fast", 1, "dep"),
+    "comments count as lines": ("# one\n\n# three\nbogus", 4, "unknown instruction"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_PROGRAMS))
+def test_bad_program_names_line(case):
+    text, line, fragment = BAD_PROGRAMS[case]
+    with pytest.raises(js.JaxschedError) as exc:
+        parse_program(text)
+    message = str(exc.value)
+    assert f"program line {line} " in message, message
+    assert fragment in message, message
+    # make_kernel reports the same error
+    with pytest.raises(js.JaxschedError, match=re.escape(f"program line {line} ")):
+        make_kernel(text, grid=1, threads=32)
+
+
+def test_unclosed_blocks():
+    for text, kind in (("loop 2\n fma", "loop"), ("if 0.5\n fma\nelse\n alu", "else"),
+                       ("if 0.5\n fma", "if")):
+        with pytest.raises(js.JaxschedError) as exc:
+            parse_program(text)
+        assert f"this `{kind}` has no `end`" in str(exc.value) and "line 1" in str(exc.value) or kind == "else"
+
+
+def test_exit_not_last():
+    for text in ("exit\nfma", "fma\nexit\nalu", "fma\nexit\nexit"):
+        with pytest.raises(js.JaxschedError) as exc:
+            parse_program(text)
+        assert "exit" in str(exc.value)
+
+
+def test_empty_programs():
+    for text in ("", "# nothing\n", "exit"):
+        with pytest.raises(js.JaxschedError, match="at least one instruction"):
+            parse_program(text)
+
+
+def test_branch_ending_on_loop_end_rejected():
+    with pytest.raises(js.JaxschedError, match="inside or outside the loop"):
+        parse_program("loop 2\n fma\n if 0.5\n  fma\n else\n  alu\n end\nend")
+
+
+@pytest.mark.parametrize("text,line", [("alu\nloop 2\n fma", 2), ("exit\nfma", 1)])
+def test_unclosed_loop_and_exit_name_line(text, line):
+    with pytest.raises(js.JaxschedError, match=f"line {line}"):
+        parse_program(text)
+
+
+@pytest.mark.parametrize("text", ["loop 0\n fma\n exit\nend", "if 1.0\n fma\nelse\n exit\nend"])
+def test_exit_inside_loop_or_branch_rejected(text):
+    with pytest.raises(js.JaxschedError):
+        parse_program(text)
+
+
+# --------------------------------------------------------------------------- bad launch values
+
+
+@pytest.mark.parametrize("kwargs,field,value", [
+    (dict(grid=0), "grid", "0"),
+    (dict(grid=-3), "grid", "-3"),
+    (dict(grid=2.0), "grid", "2.0"),
+    (dict(l2_hit_rate=1.5), "l2_hit_rate", "1.5"),
+    (dict(l2_hit_rate=-0.1), "l2_hit_rate", "-0.1"),
+    (dict(l2_hit_rate=float("nan")), "l2_hit_rate", "nan"),
+])
+def test_bad_launch_values(kwargs, field, value):
+    args = dict(grid=4, threads=64) | kwargs
+    with pytest.raises(js.JaxschedError) as exc:
+        make_kernel("fma", **args)
+    assert exc.value.field == field
+    assert f"{field} = {value}" in str(exc.value)
+
+
+def test_kernel_from_dict_errors():
+    with pytest.raises(js.JaxschedError) as exc:
+        kernel_from_dict({"kernel": {"program": "fma", "grid": 4, "threads": 64, "blocks": 2}}, "k.toml")
+    assert "k.toml: kernel.blocks" in str(exc.value) and "2" in str(exc.value)
+    with pytest.raises(js.JaxschedError) as exc:
+        kernel_from_dict({"kernel": {"program": "fma", "grid": 4}}, "k.toml")
+    assert "kernel.threads" in str(exc.value) and "required" in str(exc.value)
+    with pytest.raises(js.JaxschedError, match="l2_hit_rate = 1.5"):
+        kernel_from_dict({"program": "fma", "grid": 4, "threads": 64, "l2_hit_rate": 1.5})
+    with pytest.raises(js.JaxschedError, match="grid = 0"):
+        kernel_from_dict({"program": "fma", "grid": 0, "threads": 64})
+
+
+def test_load_kernel_errors(tmp_path):
+    missing = tmp_path / "missing.toml"
+    with pytest.raises(js.JaxschedError) as exc:
+        load_kernel(missing)
+    assert "kernel file" in str(exc.value) and str(missing) in str(exc.value)
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[kernel\ngrid = 1\n")
+    with pytest.raises(js.JaxschedError) as exc:
+        load_kernel(bad)
+    assert str(bad) in str(exc.value) and "malformed TOML" in str(exc.value)
+
+    bad_prog = tmp_path / "prog.toml"
+    bad_prog.write_text('[kernel]\ngrid = 1\nthreads = 32\nprogram = """\nfma\nfrob\n"""\n')
+    with pytest.raises(js.JaxschedError) as exc:
+        load_kernel(bad_prog)
+    assert "frob" in str(exc.value) and "program line 2" in str(exc.value)
+
+
+@pytest.mark.parametrize("table", [
+    {"program": "fma", "grid": 10**10, "threads": 64},
+    {"program": "fma", "grid": 4, "threads": 10**10},
+    {"program": 5, "grid": 4, "threads": 64},
+    {"program": "fma", "grid": 4, "threads": 64, "l2_hit_rate": "high"},
+], ids=["grid-overflow", "threads-overflow", "program-int", "l2-string"])
+def test_bad_types_raise_jaxsched_error(table):
+    with pytest.raises(js.JaxschedError):
+        kernel_from_dict(table)
