@@ -104,7 +104,8 @@ def test_results_are_bit_identical_across_runs():
     "make, field",
     [
         (lambda: js.make_kernel("fma", grid=10, threads=1024, regs=255), "kernel"),
-        (lambda: js.make_kernel("fma", grid=10, threads=-5), "threads_per_block"),
+        (lambda: js.make_kernel("fma", grid=10, threads=-5), "threads"),
+        (lambda: js.make_kernel("fma", grid=10, threads=1025), "threads_per_block"),
         (lambda: js.make_kernel("fma", grid=0, threads=32), "grid"),
         (lambda: js.make_kernel("", grid=1, threads=32), "program"),
         (lambda: js.make_kernel("fma", grid=1, threads=32, smem_bytes=10**6), "dynamic_smem_bytes"),
