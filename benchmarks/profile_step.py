@@ -63,7 +63,7 @@ def main() -> None:
         timed("run_tick", repeat(lambda s, L, V: run_tick(s, L, shapes)), filled, launches, variation)
         timed("dispatch_no_room", repeat(lambda s, L, V: dispatch(s, L, shapes, V, s.tick)),
               filled, launches, variation)
-        timed("skip_to_next_event", repeat(lambda s, L, V: skip_to_next_event(s, L, shapes)),
+        timed("skip_to_next_event", repeat(lambda s, L, V: skip_to_next_event(s, L, shapes, jnp.bool_(False))),
               filled, launches, variation)
         final = timed("whole_run", jax.vmap(lambda L: run_launch(L, shapes, 1 << 30)), launches,
                       per_step=False)

@@ -118,6 +118,8 @@ def validate(arch: Arch, kernel: Kernel, clocks: Clocks) -> None:
     check(int(arch.issue_width) == 1, "issue_width", int(arch.issue_width),
           "the engine models single-issue schedulers only (every preset)")
     check(int(kernel.grid_ctas) >= 1, "grid_ctas", int(kernel.grid_ctas), "at least 1")
+    check(int(arch.max_threads_per_sm) // arch.warp_size <= 127, "max_threads_per_sm",
+          int(arch.max_threads_per_sm), "the engine counts at most 127 warp slots per SM")
     check(int(kernel.trips) + int(kernel.trips_warp_spread) < 2**24, "trips", int(kernel.trips), "< 2^24")
     f = np.asarray(clocks.sm_freq_mhz)
     check(f.shape == (arch.n_sm_slots,), "clocks.sm_freq_mhz", f.shape, f"({arch.n_sm_slots},)")

@@ -27,18 +27,17 @@ HARDWARE, ROUND_ROBIN = 0, 1
 
 
 class Variation(NamedTuple):
-    """Per CTA and warp-in-CTA: loop trips, lanes and if-path lanes (docs/model.md section 4)."""
+    """Per CTA and warp-in-CTA, `trips << 6 | if_lanes` (docs/model.md section 4): one gather
+    at launch instead of two. Trips < 2^24 (validated), if-lanes <= 32."""
 
-    trips: Int[Array, "grid 32"]
-    lanes: Int[Array, "grid 32"]
-    if_lanes: Int[Array, "grid 32"]
+    packed: Int[Array, "grid 32"]
 
 
 def variation_tables(launch: Launch, shapes: Shapes) -> Variation:
     cta = jnp.arange(shapes.max_ctas, dtype=jnp.int32)
     warp = jnp.arange(32, dtype=jnp.int32)
-    trips, lanes, if_lanes = jax.vmap(lambda c: warp_variation(launch, c, warp))(cta)
-    return Variation(trips, lanes, if_lanes)
+    trips, _, if_lanes = jax.vmap(lambda c: warp_variation(launch, c, warp))(cta)
+    return Variation((trips << 6) | if_lanes)
 
 
 class _Slots(NamedTuple):
@@ -97,9 +96,9 @@ def dispatch(
     warp = jnp.clip(slot - j_of * n_w, 0, 31)
     fresh = new[:, j_of] & (slot < shapes.cta_slots * n_w)[None, :]
     cta = jnp.clip(slots.cta_id[:, j_of], 0, shapes.max_ctas - 1)
-    trips = variation.trips[cta, warp]
-    lanes = variation.lanes[cta, warp]
-    if_lanes = variation.if_lanes[cta, warp]
+    packed = variation.packed[cta, warp]
+    trips, if_lanes = packed >> 6, packed & 63
+    lanes = jnp.where(warp == n_w - 1, launch.lanes_last_warp, 32)
     pc0 = resolve_pc(launch, jnp.zeros_like(trips), trips, if_lanes, lanes)
     w = state.warps
     zero = jnp.zeros_like(trips)

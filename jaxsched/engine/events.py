@@ -45,8 +45,9 @@ def cycles_in_ticks(
     return a * f + partial // launch.tick_mhz, partial % launch.tick_mhz
 
 
-def skip_to_next_event(state: State, launch: Launch, shapes: Shapes) -> State:
-    """Advance from the tick just executed (state.tick) to the next event tick."""
+def skip_to_next_event(state: State, launch: Launch, shapes: Shapes, done: Array) -> State:
+    """Advance from the tick just executed (state.tick) to the next event tick (nothing is
+    skipped once `done`: the counters must stop at the makespan)."""
     k = state.tick
     st = warp_status(state, launch, shapes, state.cycle, k + 1)
     clear_cycle = jnp.min(st.clear_cycle, axis=1)
@@ -54,7 +55,7 @@ def skip_to_next_event(state: State, launch: Launch, shapes: Shapes) -> State:
     by_tick = jnp.min(st.clear_tick, axis=1)
     per_sm = jnp.where(launch.sm_enabled, jnp.minimum(by_cycle, by_tick), INF)
     nxt = jnp.min(per_sm)
-    nxt = jnp.where(nxt < INF, nxt, k + 1)  # nothing pending (only after the last CTA)
+    nxt = jnp.where((nxt < INF) & ~done, nxt, k + 1)  # nothing pending only after the last CTA
     skipped = nxt - k - 1
 
     cycles, acc = cycles_in_ticks(state, launch, skipped)

@@ -88,9 +88,7 @@ def run_launch(launch: Launch, shapes: Shapes, max_ticks: int) -> State:
     def step(state: State) -> State:
         state = run_tick(state, launch, shapes)
         state = dispatch(state, launch, shapes, variation, state.tick)
-        done = state.ctas_done >= launch.n_ctas
-        advanced = skip_to_next_event(state, launch, shapes)
-        return jax.tree.map(lambda a, b: jnp.where(done, a, b), state, advanced)
+        return skip_to_next_event(state, launch, shapes, state.ctas_done >= launch.n_ctas)
 
     def running(state: State) -> Array:
         return (state.ctas_done < launch.n_ctas) & (state.tick < max_ticks)

@@ -115,6 +115,12 @@ def warp_status(
 
 
 def count_reasons(reason: Int[Array, "sm warp"], weight: Int[Array, " sm"]) -> Int[Array, "sm 8"]:
-    """Per-SM stall-reason histogram of the warps, times `weight` cycles (int64)."""
-    hist = jnp.stack([jnp.sum(reason == r, axis=1) for r in range(8)], axis=1)
-    return hist.astype(jnp.int64) * weight.astype(jnp.int64)[:, None]
+    """Per-SM stall-reason histogram of the warps, times `weight` cycles (int64).
+
+    One pass instead of eight: each warp adds 1 << (7 * reason) to an int64, which holds eight
+    7-bit counters (at most 64 warps per SM, so no field overflows); empty slots add 0.
+    """
+    one = jnp.int64(1)
+    packed = jnp.sum(jnp.where(reason >= 0, one << (7 * jnp.maximum(reason, 0)).astype(jnp.int64), 0), axis=1)
+    hist = (packed[:, None] >> (7 * jnp.arange(8, dtype=jnp.int64))) & 127
+    return hist * weight.astype(jnp.int64)[:, None]
