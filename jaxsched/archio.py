@@ -31,7 +31,6 @@ import tomllib
 from pathlib import Path
 
 import numpy as np
-import tomli_w
 
 from . import presets
 from .arch import Arch, make_arch
@@ -86,6 +85,8 @@ def to_dict(arch: Arch) -> dict:
 
 def dumps(arch: Arch) -> str:
     """TOML text of `arch`."""
+    import tomli_w  # only writing needs it
+
     return tomli_w.dumps(to_dict(arch))
 
 
