@@ -7,7 +7,7 @@ at different, changing clocks.
     result = js.simulate(arch, kernel, warp_policy="gto", dispatch="hardware")
 """
 
-from . import clocks, presets
+from . import clocks, freqmap, presets
 from .arch import Arch, make_arch
 from .archio import load as load_arch
 from .clocks import Clocks
@@ -31,6 +31,7 @@ __all__ = [
     "Op",
     "Result",
     "clocks",
+    "freqmap",
     "load_arch",
     "load_kernel",
     "make_arch",

@@ -9,7 +9,7 @@ Spec (see `sweeps/demo.toml`):
     replicates = 4                   # independent clock-map draws per grid point
     seed = 0
     chunk = 64                       # configurations per batched call
-    [clocks]  mean_ghz = 1.9, sigma = 0.05     # per-SM Gaussian clock map (clocks.gaussian)
+    [clocks]  mean_ghz = 1.9, sigma = 0.05     # per-SM clock map, see `clock_map`
     [policy]  warp = "gto", dispatch = "hardware", dispatch_start = 0
     [grid]    "policy.warp" = ["lrr", "gto"], "clocks.sigma" = [0.0, 0.1], "arch.dram_bytes_per_ns" = [...]
 
@@ -34,7 +34,7 @@ import jax
 import numpy as np
 import xarray as xr
 
-from . import __version__, archio, clocks, presets
+from . import __version__, archio, clocks, freqmap, presets
 from .arch import Arch
 from .engine.run import Result, simulate_batch
 from .engine.state import STALL_REASONS
@@ -43,7 +43,8 @@ from .kernel import Kernel, kernel_from_dict, load_kernel
 from .lower import DISPATCH_POLICIES, WARP_POLICIES, validate
 
 _POLICY_KEYS = {"warp": WARP_POLICIES, "dispatch": DISPATCH_POLICIES, "dispatch_start": None}
-_CLOCK_KEYS = ("mean_ghz", "sigma")
+_CLOCK_KEYS = ("model", "mean_ghz", "sigma", "sigma_die", "corr_length_mm", "ir_drop")
+_CLOCK_MODELS = ("gaussian", "variation")
 _TOP_KEYS = ("title", "arch", "kernel", "replicates", "seed", "chunk", "clocks", "policy", "grid")
 
 
@@ -85,9 +86,13 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Swee
     check("kernel" in doc, f"{source}: kernel", None, "required (a kernel TOML path or a [kernel] table)")
     kspec = doc["kernel"]
     kernel = (kernel_from_dict(kspec, source) if isinstance(kspec, dict) else load_kernel(base_dir / kspec))
-    clk = {"mean_ghz": float(arch.boost_clock_ghz), "sigma": 0.0, **doc.get("clocks", {})}
+    clk = {"model": "gaussian", "mean_ghz": float(arch.boost_clock_ghz), "sigma": 0.0,
+           "sigma_die": 0.0, "corr_length_mm": float(freqmap.default_corr_length_mm(arch)),
+           "ir_drop": False, **doc.get("clocks", {})}
     for key in clk:
         check(key in _CLOCK_KEYS, f"{source}: clocks.{key}", clk[key], f"expected one of {_CLOCK_KEYS}")
+    check(clk["model"] in _CLOCK_MODELS, f"{source}: clocks.model", clk["model"], f"one of {_CLOCK_MODELS}")
+    check(isinstance(clk["ir_drop"], bool), f"{source}: clocks.ir_drop", clk["ir_drop"], "true or false")
     policy = {"warp": "gto", "dispatch": "hardware", "dispatch_start": 0, **doc.get("policy", {})}
     for key in policy:
         check(key in _POLICY_KEYS, f"{source}: policy.{key}", policy[key], f"expected one of {tuple(_POLICY_KEYS)}")
@@ -122,9 +127,17 @@ def _apply(path: str, value, arch: Arch, kernel: Kernel, clk: dict, policy: dict
             check(isinstance(value, int), where, value, "an integer")
         policy[field] = value
     elif head == "clocks":
-        check(field in _CLOCK_KEYS, where, value, f"clocks fields: {_CLOCK_KEYS}")
-        check(isinstance(value, (int, float)) and value >= 0, where, value, "a number >= 0")
-        clk[field] = float(value)
+        numeric = tuple(k for k in _CLOCK_KEYS if k not in ("model", "ir_drop"))
+        if field == "model":
+            check(value in _CLOCK_MODELS, where, value, f"one of {_CLOCK_MODELS}")
+        elif field == "ir_drop":
+            check(isinstance(value, bool), where, value, "true or false")
+        else:
+            check(field in numeric, where, value, f"clocks fields: {_CLOCK_KEYS}")
+            check(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
+                  where, value, "a number >= 0")
+            value = float(value)
+        clk[field] = value
     elif head in ("arch", "kernel"):
         obj = arch if head == "arch" else kernel
         names = [f.name for f in dataclasses.fields(obj) if np.ndim(getattr(obj, f.name)) == 0
@@ -154,9 +167,27 @@ def configurations(sweep: Sweep):
             arch, kernel, clk, policy = _apply(key, sweep.grid[key][i], arch, kernel, clk, policy)
         validate(arch, kernel, clocks.uniform(arch))
         for r in range(sweep.replicates):
-            cmap = clocks.gaussian(arch, sweep.seed * 1_000_003 + r, clk["mean_ghz"], clk["sigma"])
+            cmap = clock_map(arch, clk, sweep.seed * 1_000_003 + r)
             yield (combo, r, arch, kernel, cmap, WARP_POLICIES.index(policy["warp"]),
                    DISPATCH_POLICIES.index(policy["dispatch"]), int(policy["dispatch_start"]))
+
+
+def clock_map(arch: Arch, clk: dict, seed: int) -> clocks.Clocks:
+    """The per-SM clock map of one replicate.
+
+    `gaussian`: independent per-SM clocks, `mean (1 + sigma z)`, capped at boost.
+    `variation`: `freqmap.process_variation` (spatially correlated within-die part `sigma`,
+    die-to-die part `sigma_die`, correlation length `corr_length_mm`), times the IR-drop factor
+    if `ir_drop`, floored to the arch's clock bins and capped at the boost clock.
+    """
+    if clk["model"] == "gaussian":
+        return clocks.gaussian(arch, seed, clk["mean_ghz"], clk["sigma"])
+    mhz = freqmap.process_variation(
+        jax.random.key(seed), arch, mean_mhz=clk["mean_ghz"] * 1000.0, sigma_within=clk["sigma"],
+        sigma_die=clk["sigma_die"], corr_length_mm=clk["corr_length_mm"])
+    factors = (freqmap.ir_factor(arch),) if clk["ir_drop"] else ()
+    boost = float(arch.boost_clock_ghz) * 1000.0
+    return freqmap.to_clocks(arch, freqmap.combine(arch, mhz, *factors, cap_mhz=boost))
 
 
 def run(sweep: Sweep, progress: Callable[[int, int, float], None] | None = None) -> xr.Dataset:

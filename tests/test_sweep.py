@@ -1,0 +1,108 @@
+"""Sweeps: spec validation before any compute, dataset layout, netCDF round trip, clock models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+
+import jaxsched as js
+from jaxsched import sweep
+
+SPEC = """
+title = "test"
+arch = "h200"
+replicates = 2
+seed = 3
+chunk = 4
+
+[kernel]
+name = "tiny"
+grid = 40
+threads = 64
+program = "loop 3\\n ldg\\n fma dep\\nend"
+
+[clocks]
+mean_ghz = 1.8
+
+[grid]
+"policy.warp" = ["lrr", "gto"]
+"clocks.sigma" = [0.0, 0.1]
+"arch.dram_bytes_per_ns" = [500.0, 4800.0]
+"""
+
+
+@pytest.fixture(scope="module")
+def dataset() -> xr.Dataset:
+    return sweep.run(sweep.loads(SPEC))
+
+
+def test_dataset_dimensions_coordinates_and_units(dataset):
+    ds = dataset
+    assert ds["makespan_ns"].dims == ("policy_warp", "clocks_sigma", "arch_dram_bytes_per_ns", "replicate")
+    assert ds.sizes["sm"] == 132 and ds.sizes["stall_reason"] == 8
+    assert list(ds["policy_warp"].values) == ["lrr", "gto"]
+    assert ds["makespan_ns"].attrs["units"] == "ns"
+    assert "spec" in ds.attrs and "jaxsched" in ds.attrs["source"]
+    # Every CTA ran once in every configuration.
+    np.testing.assert_array_equal(ds["sm_ctas"].sum("sm").values, 40)
+    # .sel on parameter values and to_dataframe work.
+    slow = ds["makespan_ns"].sel(arch_dram_bytes_per_ns=500.0, clocks_sigma=0.0, policy_warp="gto")
+    assert slow.shape == (2,)
+    assert len(ds["makespan_ns"].to_dataframe()) == 2 * 2 * 2 * 2
+
+
+def test_sweep_equals_direct_simulation(dataset):
+    spec = sweep.loads(SPEC)
+    configs = list(sweep.configurations(spec))
+    combo, rep, arch, kernel, clk, wp, dp, ds_ = configs[5]
+    direct = js.simulate(arch, kernel, clk, warp_policy=wp, dispatch=dp, dispatch_start=ds_)
+    keys = list(spec.grid)
+    sel = {k.replace(".", "_"): spec.grid[k][i] for k, i in zip(keys, combo)}
+    got = dataset["makespan_ns"].sel(sel).isel(replicate=rep)
+    assert float(got) == float(direct.makespan_ns)
+
+
+def test_replicates_share_clock_maps_across_policies(dataset):
+    f = dataset["sm_freq_mhz"]
+    np.testing.assert_array_equal(f.sel(policy_warp="lrr").values, f.sel(policy_warp="gto").values)
+    assert float(f.sel(clocks_sigma=0.0).std()) == 0.0
+    assert float(f.sel(clocks_sigma=0.1).std()) > 0.0
+
+
+def test_netcdf_round_trip(dataset, tmp_path):
+    path = tmp_path / "s.nc"
+    dataset.to_netcdf(path, engine="h5netcdf")
+    back = xr.open_dataset(path, engine="h5netcdf")
+    xr.testing.assert_equal(back["makespan_ns"], dataset["makespan_ns"])
+    assert back.attrs["title"] == "test"
+
+
+def test_variation_clock_model_is_binned_and_capped():
+    arch = js.presets.get("h200")
+    clk = {"model": "variation", "mean_ghz": 1.9, "sigma": 0.08, "sigma_die": 0.02,
+           "corr_length_mm": 5.0, "ir_drop": True}
+    f = np.asarray(sweep.clock_map(arch, clk, 0).sm_freq_mhz)[np.asarray(arch.sm_enabled)]
+    assert np.all(f % 15 == 0) and f.max() <= 1980 and f.std() > 20
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (('"clocks.sigma" = [0.0, 0.1]', '"clocks.sigmaa" = [0.0]'), "clocks.sigmaa"),
+        (('"clocks.sigma" = [0.0, 0.1]', '"kernel.nope" = [1]'), "kernel.nope"),
+        (('"clocks.sigma" = [0.0, 0.1]', '"clocks.sigma" = []'), "non-empty"),
+        (('"policy.warp" = ["lrr", "gto"]', '"policy.warp" = ["fifo"]'), "fifo"),
+        (('"arch.dram_bytes_per_ns" = [500.0, 4800.0]', '"arch.dram_bytes_per_ns" = ["fast"]'), "a number"),
+        (('"clocks.sigma" = [0.0, 0.1]', '"arch.max_threads_per_sm" = [-64]'), "positive"),
+        (("threads = 64", "threads = 2048"), "threads"),
+        (("replicates = 2", "replicates = 0"), "replicates"),
+        (('title = "test"', 'title = "test"\nbogus = 1'), "bogus"),
+        (("[grid]", "[grid"), "malformed TOML"),
+    ],
+)
+def test_bad_specs_fail_before_compute(edit, message):
+    text = SPEC.replace(*edit)
+    with pytest.raises(js.JaxschedError, match=message):
+        spec = sweep.loads(text)
+        list(sweep.configurations(spec))  # validation of every configuration, no simulation
