@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -181,36 +180,154 @@ def cmd_run(args: argparse.Namespace) -> int:
 DEMO_SPEC = Path(__file__).resolve().parent.parent / "sweeps" / "demo.toml"
 
 
+def _init_distributed(args: argparse.Namespace) -> None:
+    """`jax.distributed.initialize` from --coordinator/--num-processes/--process-id, or from the
+    cluster environment with --distributed."""
+    given = [args.coordinator, args.num_processes, args.process_id]
+    if not args.distributed and all(v is None for v in given):
+        return
+    check(args.distributed or all(v is not None for v in given), "--coordinator", args.coordinator,
+          "multi-host runs need --coordinator HOST:PORT, --num-processes N and --process-id I "
+          "(or --distributed to read them from the cluster environment)")
+    import jax
+
+    if all(v is not None for v in given):
+        jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
+                                   process_id=args.process_id)
+    else:
+        jax.distributed.initialize()
+
+
+def _resume_hint(args: argparse.Namespace) -> str:
+    parts = ["jaxsched", "sweep"] + ([args.spec] if args.spec else []) + ["-o", args.output, "--resume"]
+    if args.devices:
+        parts += ["--devices", args.devices]
+    return " ".join(parts)
+
+
 @_command
 def cmd_sweep(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
     from . import plot, sweep
 
+    check(args.chunk is None or args.chunk >= 1, "--chunk", args.chunk, ">= 1")
+    _init_distributed(args)
     spec = sweep.load(args.spec or DEMO_SPEC)
+    devices = sweep.select_devices(args.devices)
     out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.chunk:
-        spec = dataclasses.replace(spec, chunk=args.chunk)
-    print(f"{spec.title}: {spec.n_configs} configurations in chunks of {spec.chunk}", file=sys.stderr)
-    ds = sweep.run(spec, progress=sweep.print_progress)
-    nc = out / "sweep.nc"
-    ds.to_netcdf(nc, engine="h5netcdf")
+    stop = threading.Event()
+
+    def on_sigint(signum, frame):  # first Ctrl-C: finish the chunk in flight; second: now
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+        print("\nCtrl-C: stopping after the chunk in flight is written (Ctrl-C again to stop now)",
+              file=sys.stderr, flush=True)
+
+    print(f"{spec.title}: {spec.n_configs} configurations", file=sys.stderr, flush=True)
+    previous = signal.signal(signal.SIGINT, on_sigint) if threading.current_thread() is threading.main_thread() else None
+    outcome = None
+    try:
+        outcome = sweep.execute(spec, out, resume=args.resume, chunk=args.chunk, devices=devices,
+                                progress=sweep.Progress, stop=stop.is_set)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    if outcome is None or outcome.interrupted:
+        store = out / sweep.STORE
+        try:
+            layout, done, chunks = sweep.store_progress(store)
+            where = (f"{int(done.sum())}/{done.size} configurations "
+                     f"({int(chunks.sum())}/{layout.n_chunks} chunks) are in {store}")
+        except JaxschedError:
+            where = f"nothing recorded in {store} yet"
+        print(f"interrupted: {where}; resume with:\n  {_resume_hint(args)}", file=sys.stderr, flush=True)
+        return 130
+    if outcome.netcdf is None:  # another process of a multi-host run finishes the files
+        state = "complete" if outcome.complete else "unfinished: rerun every process with --resume"
+        print(f"computed {outcome.computed} configurations; the store has {outcome.configs_done}/"
+              f"{outcome.n_configs} ({state})")
+        return 0 if outcome.complete else 1
+    ds = sweep.open_result(outcome.netcdf)
+    grid_dims = [d for d in ds["makespan_ns"].dims if d != "replicate"]
+    if not grid_dims:  # replicates only
+        print(f"wrote {outcome.store} and {outcome.netcdf}")
+        print(f"median makespan: {float(ds['makespan_ns'].median()):.1f} ns")
+        return 0
     png = plot.makespan(ds, out / "makespan.png")
-    print(f"wrote {nc} and {png}")
-    print(ds["makespan_ns"].median("replicate").to_dataframe().unstack(
-        [d for d in ds["makespan_ns"].dims if d not in ("replicate",)][-1]).round(1).to_string())
+    print(f"wrote {outcome.store}, {outcome.netcdf} and {png}")
+    table = ds["makespan_ns"].median("replicate").to_dataframe()["makespan_ns"]
+    if len(grid_dims) > 1:
+        table = table.unstack(grid_dims[-1])
+    print(table.round(1).to_string())
     return 0
 
 
 @_command
-def cmd_plot(args: argparse.Namespace) -> int:
-    import xarray as xr
+def cmd_info(args: argparse.Namespace) -> int:
+    from . import sweep
 
+    print(sweep.describe(args.path))
+    return 0
+
+
+def _parse_sel(ds, items: Sequence[str] | None) -> dict:
+    """`dim=value` strings as a .sel mapping, each value converted to the coordinate's type."""
+    sel = {}
+    for item in items or []:
+        dim, eq, text = item.partition("=")
+        check(bool(eq) and dim in ds.dims, "--sel", item, f"DIM=VALUE with DIM one of {list(ds.dims)}")
+        values = ds[dim].values
+        kind = values.dtype.kind
+        try:
+            value = (text.lower() in ("1", "true", "yes") if kind == "b" else
+                     int(text) if kind in "iu" else float(text) if kind == "f" else text)
+        except ValueError:
+            raise JaxschedError("--sel", item, f"{dim} values are {values.tolist()}") from None
+        check(value in values.tolist(), "--sel", item, f"{dim} values are {values.tolist()}")
+        sel[dim] = value
+    return sel
+
+
+@_command
+def cmd_plot(args: argparse.Namespace) -> int:
     from . import plot
 
     path = Path(args.dataset)
-    check(path.exists(), "dataset", str(path), "no such file")
-    ds = xr.open_dataset(path, engine="h5netcdf")
-    print(f"wrote {plot.makespan(ds, args.output, x=args.x)}")
+    check(path.exists(), "dataset", str(path), "no such file or folder")
+    kind = args.kind or ("gantt" if path.suffix == ".json" else "makespan")
+    folder = path if path.is_dir() and path.suffix != ".zarr" else path.parent
+    target = Path(args.output) if args.output else folder / f"{kind}.png"
+    if kind == "gantt":
+        check(path.suffix == ".json", "plot --kind gantt", str(path),
+              "needs a CTA trace: jaxsched run KERNEL --json > trace.json; jaxsched plot trace.json")
+        trace = plot.load_trace(path)
+        arch = load_arch(trace["arch"]) if trace.get("arch") in presets.names() else None
+        print(f"wrote {plot.gantt(trace, arch, target)}")
+        return 0
+    check(path.suffix != ".json", "plot", str(path), f"--kind {kind} needs a sweep result (folder, .zarr or .nc)")
+    from . import sweep
+
+    ds = sweep.open_result(path, partial=True)
+    if "done" in ds:
+        done = ds["done"].values
+        if not done.all():
+            print(f"note: unfinished sweep, {int(done.sum())}/{done.size} configurations plotted",
+                  file=sys.stderr)
+        ds = ds.drop_vars("done")
+    sel = _parse_sel(ds, args.sel)
+    if kind == "makespan":
+        check(not sel, "--sel", args.sel, "not used by --kind makespan (every dimension is shown)")
+        written = plot.makespan(ds, target, x=args.x)
+    elif kind == "floorplan":
+        written = plot.floorplan(ds, target, var=args.var or "sm_utilisation", sel=sel)
+    else:
+        written = plot.stalls(ds, target, x=args.x, sel=sel)
+    print(f"wrote {written}")
     return 0
 
 
@@ -242,15 +359,38 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dispatch-start", type=int, default=0, help="rotation of the hardware SM order")
     p.add_argument("--json", action="store_true", help="print JSON (with the per-CTA trace)")
 
-    p = sub.add_parser("sweep", help="run a sweep spec (default: sweeps/demo.toml)")
+    p = sub.add_parser("sweep", help="run a sweep spec (default: sweeps/demo.toml)",
+                       description="Run a sweep into OUT/sweep.zarr chunk by chunk (resumable), then "
+                       "OUT/sweep.nc and OUT/makespan.png. Ctrl-C stops after the chunk in flight.")
     p.add_argument("spec", nargs="?", help="sweep TOML (see sweeps/)")
     p.add_argument("-o", "--output", default="results/sweep", help="output folder")
-    p.add_argument("--chunk", type=int, default=None, help="configurations per batched call")
+    p.add_argument("--resume", action="store_true",
+                   help="continue OUT/sweep.zarr: compute only the chunks not yet recorded")
+    p.add_argument("--chunk", type=int, default=None,
+                   help="configurations per batched call (default: the spec's, else sized to device memory)")
+    p.add_argument("--devices", default=None,
+                   help="local devices to shard over: all (default), a count N, or indices like 0,2 or 4:8")
+    g = p.add_argument_group("several hosts (jax.distributed; OUT on a shared filesystem)")
+    g.add_argument("--coordinator", default=None, help="HOST:PORT of process 0")
+    g.add_argument("--num-processes", type=int, default=None, help="number of processes (hosts)")
+    g.add_argument("--process-id", type=int, default=None, help="this process, 0 .. N-1")
+    g.add_argument("--distributed", action="store_true",
+                   help="jax.distributed.initialize() from the cluster environment (SLURM, ...)")
 
-    p = sub.add_parser("plot", help="plot makespan from a sweep dataset")
-    p.add_argument("dataset", help="sweep.nc written by `jaxsched sweep`")
-    p.add_argument("-o", "--output", default="makespan.png", help="PNG or SVG path")
-    p.add_argument("--x", default=None, help="swept dimension on the x axis")
+    p = sub.add_parser("info", help="describe a sweep result: dimensions, swept values, completion")
+    p.add_argument("path", help="sweep output folder, sweep.zarr or sweep.nc")
+
+    p = sub.add_parser("plot", help="figures from a sweep result or a run trace")
+    p.add_argument("dataset", help="sweep output folder, sweep.zarr, sweep.nc, or the JSON of "
+                   "`jaxsched run --json` (for --kind gantt)")
+    p.add_argument("--kind", choices=("makespan", "floorplan", "stalls", "gantt"), default=None,
+                   help="makespan vs a swept value (default), per-SM floorplan, stall breakdown, "
+                   "CTA Gantt chart (default for .json)")
+    p.add_argument("-o", "--output", default=None, help="PNG or SVG path (default: KIND.png next to the data)")
+    p.add_argument("--x", default=None, help="swept dimension on the x axis (makespan, stalls)")
+    p.add_argument("--sel", action="append", metavar="DIM=VALUE",
+                   help="fix a dimension (floorplan, stalls); repeatable")
+    p.add_argument("--var", default=None, help="per-SM variable for --kind floorplan (default sm_utilisation)")
     return parser
 
 
@@ -261,6 +401,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except JaxschedError as exc:
         print(f"jaxsched {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # outside a sweep's own handling: no traceback
+        print(f"jaxsched {args.command}: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # output piped into `head`: not an error
         sys.stdout = open(os.devnull, "w")
         return 0

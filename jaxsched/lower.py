@@ -14,7 +14,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Int
+from jaxtyping import Array, Bool, Float, Int
 
 from .arch import Arch
 from .clocks import Clocks
@@ -27,7 +27,7 @@ QUEUE_ONE_TICK = 1024  # memory-queue backlog is kept in 1/1024 of a tick
 BRANCH_HASH_ONE = 1 << 24  # branch lane draws compare 24-bit hashes against p * 2^24
 
 WARP_POLICIES = ("lrr", "gto", "oldest")
-DISPATCH_POLICIES = ("hardware", "round_robin")
+DISPATCH_POLICIES = ("hardware", "round_robin", "least_loaded", "weighted", "closed_loop")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +60,9 @@ class Launch(eqx.Module):
     mio_depth: Int[Array, ""]
     warp_policy: Int[Array, ""]
     dispatch_policy: Int[Array, ""]
+    dispatch_weight: Int[Array, " sm"]  # weighted policy: integer weight per SM, 0 if floorswept
+    ema_alpha_256: Int[Array, ""]  # closed-loop smoothing, 0..256
+    ema_prior_ticks: Int[Array, ""]  # closed-loop initial estimate of a CTA's duration
     # per instruction
     op: Int[Array, " instr"]
     dep: Bool[Array, " instr"]
@@ -125,6 +128,19 @@ def validate(arch: Arch, kernel: Kernel, clocks: Clocks) -> None:
     check(f.shape == (arch.n_sm_slots,), "clocks.sm_freq_mhz", f.shape, f"({arch.n_sm_slots},)")
 
 
+def validate_dispatch(arch: Arch, weights: object, ema_alpha: float, ema_prior_ns: float) -> None:
+    """Raise `JaxschedError` for bad dispatch parameters (concrete inputs only)."""
+    if weights is not None:
+        w = np.asarray(weights)
+        check(w.shape == (arch.n_sm_slots,), "dispatch_weight", f"shape {w.shape}",
+              f"one integer weight per SM slot ({arch.n_sm_slots},)")
+        enabled = np.asarray(arch.sm_enabled)
+        check(bool(np.all((w[enabled] >= 1) & (w[enabled] <= 2**15))), "dispatch_weight",
+              w[enabled].min(), "every enabled SM needs a weight in 1 .. 32768")
+    check(0.0 <= float(ema_alpha) <= 1.0, "ema_alpha", ema_alpha, "a smoothing factor in [0, 1]")
+    check(0.0 <= float(ema_prior_ns) < 1e8, "ema_prior_ns", ema_prior_ns, "in [0, 1e8) ns")
+
+
 def _round_i32(x: Array) -> Array:
     return jnp.round(x).astype(jnp.int32)
 
@@ -136,8 +152,14 @@ def lower(
     warp_policy: Int[Array, ""] | int,
     dispatch_policy: Int[Array, ""] | int,
     dispatch_start: Int[Array, ""] | int,
+    dispatch_weight: Int[Array, " sm"] | None = None,
+    ema_alpha: Float[Array, ""] | float = 0.25,
+    ema_prior_ns: Float[Array, ""] | float = 0.0,
 ) -> Launch:
-    """Convert one configuration to engine units. Traceable; call `validate` first when concrete."""
+    """Convert one configuration to engine units. Traceable; call `validate` first when concrete.
+
+    `dispatch_weight` defaults to each SM's clock in MHz (the weighted policy's natural choice).
+    """
     i32 = lambda v: jnp.asarray(v, dtype=jnp.int32)  # noqa: E731
     enabled = jnp.asarray(arch.sm_enabled)
     freq = jnp.where(enabled, i32(clocks.sm_freq_mhz), 0)
@@ -181,6 +203,9 @@ def lower(
         mio_depth=i32(arch.mio_queue_depth),
         warp_policy=i32(warp_policy),
         dispatch_policy=i32(dispatch_policy),
+        dispatch_weight=jnp.where(enabled, freq if dispatch_weight is None else i32(dispatch_weight), 0),
+        ema_alpha_256=_round_i32(jnp.asarray(ema_alpha, jnp.float32) * 256.0),
+        ema_prior_ticks=_round_i32(jnp.asarray(ema_prior_ns, jnp.float32) * ticks_per_ns),
         op=op,
         dep=jnp.asarray(kernel.dep),
         lat_cycles=jnp.asarray(arch.latency_cycles)[op],

@@ -16,11 +16,13 @@ Entry points:
 
 Order of events (the contract's sections in parentheses):
 - tick `k` (8): every SM whose phase accumulator overflows executes one cycle (2), SMs in index
-  order; then CTA dispatch (9); then the L2 and DRAM queues drain by one tick (1024 units).
+  order; then CTA dispatch (9: hardware, round_robin, least_loaded, weighted, closed_loop);
+  then the L2 and DRAM queues drain by one tick (1024 units).
 - SM cycle (7): stall reasons, eligibility, busy and warp-cycle counts from the start-of-cycle
   state; schedulers `0 .. schedulers-1` select and issue in index order (the order matters for
   the MIO backlog and the chip-wide memory queues); then barrier releases and CTA completions;
-  then the MIO backlog drains by one.
+  then the MIO backlog drains by one. A completing CTA updates its SM's closed-loop estimate
+  there (section 9), in CTA-slot order.
 """
 
 from __future__ import annotations
@@ -51,7 +53,10 @@ PIPE_OPS = (Op.FMA, Op.ALU, Op.SFU)  # ops with a per-scheduler math pipe; pipe 
 MIO_OPS = (Op.LDS, Op.SHFL, Op.LDG)
 
 WARP_LRR, WARP_GTO, WARP_OLDEST = 0, 1, 2
-DISPATCH_HARDWARE, DISPATCH_ROUND_ROBIN = 0, 1
+(DISPATCH_HARDWARE, DISPATCH_ROUND_ROBIN, DISPATCH_LEAST_LOADED, DISPATCH_WEIGHTED,
+ DISPATCH_CLOSED_LOOP) = range(5)
+WEIGHT_ONE = 65536  # the weighted policy's score is weight * 65536 // (resident + 1)
+EMA_ONE = 256  # closed-loop smoothing a = ema_alpha_256 is in 1/256
 
 
 # --- section 4: counter-based hashes -----------------------------------------------------------
@@ -166,16 +171,19 @@ class Warp:
 class SM:
     """One SM: clock phase, MIO backlog, CTA slots, per-scheduler pipes, warp slots, counters."""
 
-    def __init__(self, index: int, freq: int, enabled: bool, rank: int, shapes) -> None:
+    def __init__(self, index: int, freq: int, enabled: bool, rank: int, weight: int,
+                 shapes) -> None:
         self.index = index
         self.freq = freq
         self.enabled = enabled
         self.rank = rank
+        self.weight = weight  # weighted dispatch (section 9)
         self.acc = 0
         self.cycle = 0
         self.mio = 0
         self.cta_id = [-1] * shapes.cta_slots  # CTA in each CTA slot, -1 when free
         self.live = [0] * shapes.cta_slots  # live (not exited) warps of the CTA in the slot
+        self.start = [0] * shapes.cta_slots  # start tick of the CTA in the slot
         self.arrivals = [0] * shapes.cta_slots  # barrier arrivals
         self.resident = 0  # occupied CTA slots
         self.pipe_free = [[0, 0, 0] for _ in range(shapes.schedulers)]  # [sched][FMA/ALU/SFU]
@@ -193,11 +201,16 @@ class SM:
 class Chip:
     """Chip-wide state: memory queues, dispatcher, per-CTA trace."""
 
-    def __init__(self, n_ctas: int) -> None:
+    def __init__(self, n_ctas: int, n_sm: int, ema_prior_ticks: int) -> None:
         self.q_l2 = 0  # 1/1024 tick
         self.q_dram = 0
         self.next_cta = 0
         self.rr_pointer = 0  # round-robin dispatch pointer, in dispatch-rank space
+        # closed-loop dispatch: per SM, the estimated duration of a CTA there (ticks); kept under
+        # every policy (only closed_loop reads it). `est_log` records every update as
+        # (tick, sm, cta, duration, est after) for inspection; it is not an output of section 10.
+        self.est = [ema_prior_ticks] * n_sm
+        self.est_log: list[tuple[int, int, int, int, int]] = []
         self.completed = 0
         self.cta_sm = [-1] * n_ctas
         self.cta_start = [-1] * n_ctas
@@ -227,6 +240,12 @@ class _Sim:
         self.mio_depth = int(launch.mio_depth)
         self.warp_policy = int(launch.warp_policy)
         self.dispatch_policy = int(launch.dispatch_policy)
+        if not 0 <= self.dispatch_policy <= DISPATCH_CLOSED_LOOP:
+            raise ValueError(f"unknown dispatch policy {self.dispatch_policy}")
+        self.ema_alpha_256 = int(launch.ema_alpha_256)
+        if not 0 <= self.ema_alpha_256 <= EMA_ONE:
+            raise ValueError(f"ema_alpha_256 = {self.ema_alpha_256} outside 0..{EMA_ONE}")
+        self.ema_prior_ticks = int(launch.ema_prior_ticks)
         self.trips = int(launch.trips)
         self.cta_spread = int(launch.trips_cta_spread)
         self.warp_spread = int(launch.trips_warp_spread)
@@ -235,16 +254,21 @@ class _Sim:
         freq = [int(v) for v in np.asarray(launch.sm_freq_mhz).reshape(-1)]
         enabled = [bool(v) for v in np.asarray(launch.sm_enabled).reshape(-1)]
         rank = [int(v) for v in np.asarray(launch.dispatch_rank).reshape(-1)]
+        weight = [int(v) for v in np.asarray(launch.dispatch_weight).reshape(-1)]
         if len(freq) != shapes.n_sm:
             raise ValueError(f"launch has {len(freq)} SM slots, shapes.n_sm = {shapes.n_sm}")
         if self.ctas_per_sm < 1 or self.ctas_per_sm > shapes.cta_slots:
             raise ValueError(f"ctas_per_sm = {self.ctas_per_sm} outside 1..{shapes.cta_slots}")
         if self.ctas_per_sm * self.W > shapes.warp_slots:
             raise ValueError("ctas_per_sm x warps_per_cta exceeds the SM's warp slots")
-        self.sms = [SM(s, freq[s], enabled[s], rank[s], shapes) for s in range(shapes.n_sm)]
+        self.sms = [SM(s, freq[s], enabled[s], rank[s], weight[s], shapes)
+                    for s in range(shapes.n_sm)]
         self.enabled_sms = [sm for sm in self.sms if sm.enabled]
         self.n_enabled = len(self.enabled_sms)
-        self.chip = Chip(self.n_ctas)
+        if (self.dispatch_policy == DISPATCH_WEIGHTED
+                and any(sm.weight < 1 for sm in self.enabled_sms)):
+            raise ValueError("weighted dispatch needs a weight >= 1 on every enabled SM")
+        self.chip = Chip(self.n_ctas, shapes.n_sm, self.ema_prior_ticks)
 
     # section 9 ---------------------------------------------------------------------------------
 
@@ -264,22 +288,69 @@ class _Sim:
         warp.pc = self.prog.resolve(0, warp.trips_left, warp.if_lanes, warp.else_lanes)
 
     def pick_sm(self) -> SM | None:
-        """The SM the next CTA goes to, or None if no enabled SM has a free CTA slot."""
+        """The SM the next CTA goes to, or None if no enabled SM has a free CTA slot (or the
+        closed loop holds)."""
         free = [sm for sm in self.enabled_sms if sm.resident < self.ctas_per_sm]
         if not free:
             return None
-        if self.dispatch_policy == DISPATCH_HARDWARE:
+        policy = self.dispatch_policy
+        if policy == DISPATCH_HARDWARE:
             # most free CTA slots, ties to the lowest dispatch rank
             return min(free, key=lambda sm: (-(self.ctas_per_sm - sm.resident), sm.rank))
-        # round robin: first SM with a free slot at or after the pointer, in (cyclic) rank order
-        ptr = self.chip.rr_pointer
-        sm = min(free, key=lambda sm: (sm.rank - ptr) % self.n_enabled)
-        self.chip.rr_pointer = (sm.rank + 1) % self.n_enabled
-        return sm
+        if policy == DISPATCH_ROUND_ROBIN:
+            # first SM with a free slot at or after the pointer, in (cyclic) rank order
+            ptr = self.chip.rr_pointer
+            sm = min(free, key=lambda sm: (sm.rank - ptr) % self.n_enabled)
+            self.chip.rr_pointer = (sm.rank + 1) % self.n_enabled
+            return sm
+        if policy == DISPATCH_LEAST_LOADED:
+            # fewest live warps now (CTAs placed earlier in this dispatch loop count W each),
+            # ties to the lowest rank
+            return min(free, key=lambda sm: (self.live_warps(sm), sm.rank))
+        if policy == DISPATCH_WEIGHTED:
+            # highest floor(weight * 65536 / (resident + 1)), ties to the lowest rank
+            return min(free, key=lambda sm: (-(sm.weight * WEIGHT_ONE // (sm.resident + 1)),
+                                             sm.rank))
+        # closed loop: smallest censored estimate, then most free CTA slots, then the lowest
+        # rank; in the tail it holds the CTA if the CTAs left fit in clearly better slots.
+        e = self.censored
+        cand = min(free, key=lambda sm: (e[sm.index], -(self.ctas_per_sm - sm.resident), sm.rank))
+        target = self.now + e[cand.index]
+        margin = e[cand.index] // 8
+        better = 0
+        for sm in self.enabled_sms:
+            es = e[sm.index]
+            for cta, t0 in zip(sm.cta_id, sm.start):
+                if cta >= 0 and max(self.now, t0 + es) + es + margin < target:
+                    better += 1
+        if self.n_ctas - self.chip.next_cta <= better:
+            return None
+        return cand
+
+    @staticmethod
+    def live_warps(sm: SM) -> int:
+        """Active (not exited) warps resident on `sm`, summed over its CTAs."""
+        return sum(live for cta, live in zip(sm.cta_id, sm.live) if cta >= 0)
+
+    def learn(self, sm: SM, cta: int, t0: int, k: int) -> None:
+        """Section 9, closed loop: CTA `cta`, started at tick `t0`, completed on `sm` at tick `k`:
+        `est += floor(a * (k - t0 - est) / 256)` (Python floor division, negative values too)."""
+        est = self.chip.est[sm.index]
+        est += (self.ema_alpha_256 * (k - t0 - est)) // EMA_ONE
+        self.chip.est[sm.index] = est
+        self.chip.est_log.append((k, sm.index, cta, k - t0, est))
 
     def dispatch(self, k: int) -> None:
-        """Section 9: place CTAs in grid order, one at a time, while some SM has room."""
+        """Section 9: place CTAs in grid order, one at a time, while some SM has room (closed
+        loop: and it does not hold)."""
         chip = self.chip
+        self.now = k
+        # closed loop's censored estimates e_s = max(est_s, k - earliest start of a resident CTA)
+        self.censored = [
+            max(chip.est[sm.index],
+                max((k - t0 for cta, t0 in zip(sm.cta_id, sm.start) if cta >= 0), default=0))
+            for sm in self.sms
+        ]
         while chip.next_cta < self.n_ctas:
             sm = self.pick_sm()
             if sm is None:
@@ -289,6 +360,7 @@ class _Sim:
             j = sm.cta_id.index(-1)  # lowest free CTA slot
             sm.cta_id[j] = c
             sm.live[j] = self.W
+            sm.start[j] = k
             sm.arrivals[j] = 0
             sm.resident += 1
             sm.ctas += 1
@@ -419,6 +491,7 @@ class _Sim:
             if sm.live[j] == 0:
                 self.chip.cta_end[cta] = k
                 self.chip.completed += 1
+                self.learn(sm, cta, sm.start[j], k)  # slots in order j = 0, 1, ...
                 sm.cta_id[j] = -1
                 sm.arrivals[j] = 0
                 sm.resident -= 1
@@ -473,17 +546,25 @@ class _Sim:
         }
 
 
-def simulate_launch(launch, shapes, max_ticks: int = 10**7) -> dict:
+def simulate_launch(launch, shapes, max_ticks: int = 10**7, *,
+                    dispatch_trace: bool = False) -> dict:
     """Run one `Launch` (numpy leaves) tick by tick; return section 10's exact output arrays.
 
     Keys: `makespan_ticks` (int); int64 arrays `sm_cycles`, `sm_busy_cycles`, `sm_issued`,
     `sm_active_lanes`, `sm_warp_cycles`, `sm_ctas` ([n_sm]), `sm_stalls` ([n_sm, 8], columns in
     `STALL_REASONS` order), `cta_sm`, `cta_start_tick`, `cta_end_tick` ([n_ctas], grid order).
+    With `dispatch_trace=True` (a debugging aid, not a section 10 output) also `dispatch_est`
+    (int64 [n_sm], the closed-loop estimates at the end of the run, kept under every policy) and
+    `dispatch_est_log` (every estimate update in order, as `(tick, sm, cta, duration, est after)`).
     Raises RuntimeError if the last CTA has not completed after `max_ticks` ticks.
     """
     sim = _Sim(launch, shapes)
     makespan = sim.run(max_ticks)
-    return sim.outputs(makespan)
+    out = sim.outputs(makespan)
+    if dispatch_trace:
+        out["dispatch_est"] = np.asarray(sim.chip.est, dtype=np.int64)
+        out["dispatch_est_log"] = list(sim.chip.est_log)
+    return out
 
 
 def simulate(
@@ -494,12 +575,18 @@ def simulate(
     warp_policy: str | int = "gto",
     dispatch: str | int = "hardware",
     dispatch_start: int = 0,
+    dispatch_weight=None,
+    ema_alpha: float = 0.25,
+    ema_prior_ns: float = 0.0,
     max_ticks: int = 10**7,
+    dispatch_trace: bool = False,
 ) -> dict:
     """Validate, lower and run one configuration with the reference.
 
-    Returns `simulate_launch`'s arrays plus `makespan_ns = makespan_ticks * 1000 / F` and
-    `makespan_cycles = makespan_ns * boost_clock_ghz` (floats; section 2).
+    `dispatch_weight` ([n_sm] integers, default each SM's clock in MHz), `ema_alpha` and
+    `ema_prior_ns` parameterise the weighted and closed-loop dispatch policies (model.md
+    sections 3 and 9). Returns `simulate_launch`'s arrays plus `makespan_ns = makespan_ticks *
+    1000 / F` and `makespan_cycles = makespan_ns * boost_clock_ghz` (floats; section 2).
     """
     # The shared lowering is written in jax.numpy; only this convenience wrapper needs it.
     from . import clocks as clocks_mod
@@ -508,11 +595,14 @@ def simulate(
     if clocks is None:
         clocks = clocks_mod.uniform(arch)
     lower_mod.validate(arch, kernel, clocks)
+    lower_mod.validate_dispatch(arch, dispatch_weight, ema_alpha, ema_prior_ns)
     wp = lower_mod.policy_index(warp_policy, lower_mod.WARP_POLICIES, "warp_policy")
     dp = lower_mod.policy_index(dispatch, lower_mod.DISPATCH_POLICIES, "dispatch")
-    launch = lower_mod.to_numpy(lower_mod.lower(arch, kernel, clocks, wp, dp, dispatch_start))
+    launch = lower_mod.to_numpy(lower_mod.lower(
+        arch, kernel, clocks, wp, dp, dispatch_start, dispatch_weight=dispatch_weight,
+        ema_alpha=ema_alpha, ema_prior_ns=ema_prior_ns))
     shapes = lower_mod.shapes_for(arch, kernel)
-    out = simulate_launch(launch, shapes, max_ticks=max_ticks)
+    out = simulate_launch(launch, shapes, max_ticks=max_ticks, dispatch_trace=dispatch_trace)
     tick_mhz = int(launch.tick_mhz)
     out["makespan_ns"] = out["makespan_ticks"] * 1000.0 / tick_mhz
     out["makespan_cycles"] = out["makespan_ns"] * float(arch.boost_clock_ghz)

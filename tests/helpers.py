@@ -96,6 +96,10 @@ def configurations(draw) -> dict:
         kernel=kernel,
         clocks=clocks.from_array(arch, np.asarray(freqs, dtype=np.float64)),
         warp_policy=draw(st.sampled_from(["lrr", "gto", "oldest"])),
-        dispatch=draw(st.sampled_from(["hardware", "round_robin"])),
+        dispatch=draw(st.sampled_from(js.DISPATCH_POLICIES)),
         dispatch_start=draw(st.integers(0, 7)),
+        dispatch_weight=draw(st.one_of(st.none(), st.lists(
+            st.integers(1, 3000), min_size=arch.n_sm_slots, max_size=arch.n_sm_slots).map(np.asarray))),
+        ema_alpha=draw(st.sampled_from([0.0, 0.1, 0.25, 0.5, 1.0])),
+        ema_prior_ns=draw(st.sampled_from([0.0, 50.0, 1000.0])),
     )

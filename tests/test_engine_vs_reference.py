@@ -80,6 +80,9 @@ def test_batch_equals_single(cfgs: list[dict]) -> None:
         [WARP_POLICIES.index(c["warp_policy"]) for c, _ in good],
         [DISPATCH_POLICIES.index(c["dispatch"]) for c, _ in good],
         [c["dispatch_start"] for c, _ in good],
+        dispatch_weight=[c["dispatch_weight"] for c, _ in good],
+        ema_alpha=[c["ema_alpha"] for c, _ in good],
+        ema_prior_ns=[c["ema_prior_ns"] for c, _ in good],
     )
     assert np.asarray(batch.cta_sm).shape[-1] == max(int(c["kernel"].grid_ctas) for c, _ in good)
     assert np.asarray(batch.cta_sm).shape[-1] <= MAX_GRID

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from jaxsched import clocks, lower, presets, reference
+from jaxsched.errors import JaxschedError
 from jaxsched.isa import Op
 from jaxsched.kernel import make_kernel
 
@@ -28,9 +29,25 @@ def arch_with_sms(n: int):
     return H200.replace(sm_enabled=np.arange(H200.n_sm_slots) < n)
 
 
-def lowered(arch, kernel, warp_policy=1, dispatch=0, dispatch_start=0, clk=None):
+def lowered(arch, kernel, warp_policy=1, dispatch=0, dispatch_start=0, clk=None, **dispatch_params):
     clk = clocks.uniform(arch) if clk is None else clk
-    return lower.to_numpy(lower.lower(arch, kernel, clk, warp_policy, dispatch, dispatch_start))
+    return lower.to_numpy(lower.lower(arch, kernel, clk, warp_policy, dispatch, dispatch_start,
+                                      **dispatch_params))
+
+
+def two_sms(slow_mhz: int = 990):
+    """The first two h200 SM slots enabled: SM 0 at 1980 MHz, SM 1 at `slow_mhz`."""
+    arch = arch_with_sms(2)
+    freq = np.zeros(arch.n_sm_slots)
+    freq[:2] = (1980, slow_mhz)
+    return arch, clocks.from_array(arch, freq)
+
+
+def weights(arch, *w):
+    """A `dispatch_weight` array: `w` on the first SM slots, 0 elsewhere (floorswept)."""
+    out = np.zeros(arch.n_sm_slots, dtype=np.int32)
+    out[: len(w)] = w
+    return out
 
 
 def stalls(result, sm: int) -> dict[str, int]:
@@ -275,9 +292,12 @@ def test_barrier():
 # --- CTA dispatch --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("dispatch", ["hardware", "round_robin"])
+@pytest.mark.parametrize("dispatch", lower.DISPATCH_POLICIES)
 @pytest.mark.parametrize("dispatch_start", [0, 2])
 def test_every_cta_runs_exactly_once(dispatch, dispatch_start):
+    """Uniform clocks: at tick 0 every policy fills the SMs one CTA per SM in rank order (most
+    room = fewest live warps = highest 1980 * 65536 // (resident + 1) = equal estimates, then
+    most room), so the first-wave check below holds for all five."""
     arch = arch_with_sms(4)
     # 36 KiB dynamic shared memory per CTA: alloc 37 KiB -> 6 CTAs per SM (228 KiB)
     kernel = make_kernel("loop 6 cta_spread=4 warp_spread=2\n  fma dep\n  alu\nend", grid=40,
@@ -339,6 +359,268 @@ def test_slow_sm_runs_at_its_own_clock():
     assert r["sm_cycles"][:3].tolist() == [76, 38, 0]
     assert r["cta_sm"].tolist() == ([0, 1] if fast_first else [1, 0])
     assert r["makespan_ns"] == pytest.approx(76 * 1000 / 1980)
+
+
+# --- dispatch policies 2-4: least_loaded, weighted, closed_loop (model.md section 9) -------------
+
+
+@pytest.mark.parametrize("dispatch_start", [0, 1])
+def test_weighted_first_wave_three_to_one(dispatch_start):
+    """Weights [3, 1], 1-warp CTAs (32 per SM fit), 12 CTAs all placed at tick 0. Scores
+    196608 // (r0 + 1) vs 65536 // (r1 + 1):
+      r0 = 0..9: 196608, 98304, 65536, 49152, 39321, 32768, 28086, 24576, 21845, 19660
+      r1 = 0..3: 65536, 32768, 21845, 16384
+    Ties (65536, 32768, 21845) go to the rank-0 SM. SM 0 rank 0 (dispatch_start 0):
+      0 0 0(tie) 1 | 0 0 0(tie) 1 | 0 0 0(tie) 1
+    SM 1 rank 0 (dispatch_start 1):
+      0 0 1(tie) 0 0 0 1(tie) 0 0 0 1(tie) 0
+    Either way 9 CTAs on SM 0 and 3 on SM 1."""
+    arch = arch_with_sms(2)
+    kernel = make_kernel("fma dep", grid=12, threads=32)
+    w = weights(arch, 3, 1)
+    launch = lowered(arch, kernel, dispatch=3, dispatch_start=dispatch_start, dispatch_weight=w)
+    assert int(launch.ctas_per_sm) == 32
+    assert launch.dispatch_rank[:2].tolist() == ([0, 1] if dispatch_start == 0 else [1, 0])
+    assert launch.dispatch_weight[:3].tolist() == [3, 1, 0]
+    r = reference.simulate(arch, kernel, dispatch="weighted", dispatch_start=dispatch_start,
+                           dispatch_weight=w)
+    expect = ([0, 0, 0, 1] * 3 if dispatch_start == 0
+              else [0, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0])
+    assert r["cta_sm"].tolist() == expect
+    assert r["cta_start_tick"].tolist() == [0] * 12
+    assert r["sm_ctas"][:2].tolist() == [9, 3]
+
+
+def test_weighted_default_weights_are_clocks_and_capacity_caps():
+    """Default weights = clocks in MHz: 1980 vs 990 (scores 129761280 // (r0 + 1) vs
+    64880640 // (r1 + 1)): c0 -> 0; c1 tie 64880640 -> 0 (rank 0); c2 43253760 < 64880640 -> 1;
+    c3 43253760 > 32440320 -> 0; c4 tie 32440320 -> 0; c5 25952256 < 32440320 -> 1.
+    With 6 CTAs per SM (36 KiB shared memory) and weights [3, 1] the 3:1 pattern of the previous
+    test runs until SM 0 is full after c6 (0 0 0 1 0 0 0), then c7..c11 fill SM 1."""
+    arch, clk = two_sms(990)
+    kernel = make_kernel("fma dep", grid=6, threads=32)
+    assert lowered(arch, kernel, dispatch=3, clk=clk).dispatch_weight[:3].tolist() == [1980, 990, 0]
+    r = reference.simulate(arch, kernel, clk, dispatch="weighted")
+    assert r["cta_sm"].tolist() == [0, 0, 1, 0, 0, 1]
+
+    arch = arch_with_sms(2)
+    kernel = make_kernel("fma dep", grid=12, threads=32, smem_bytes=36 * 1024)
+    assert int(lowered(arch, kernel).ctas_per_sm) == 6
+    r = reference.simulate(arch, kernel, dispatch="weighted", dispatch_weight=weights(arch, 3, 1))
+    assert r["cta_sm"].tolist() == [0, 0, 0, 1, 0, 0, 0, 1, 1, 1, 1, 1]
+    assert r["cta_start_tick"].tolist() == [0] * 12
+
+
+def test_equal_weights_and_zero_alpha_reduce_to_hardware():
+    """Equal weights: the score w * 65536 // (resident + 1) falls strictly with residency, so
+    'highest score' = 'most room'; closed loop with a = 0 keeps every estimate at the prior, so
+    it too ties down to 'most free slots, then rank'. Both equal hardware exactly, whatever the
+    clocks."""
+    arch = arch_with_sms(4)
+    freq = np.zeros(arch.n_sm_slots)
+    freq[:4] = (1980, 1100, 1500, 700)
+    clk = clocks.from_array(arch, freq)
+    kernel = make_kernel("loop 5 cta_spread=3 warp_spread=2\n  fma dep\n  ldg\nend", grid=30,
+                         threads=96, smem_bytes=36 * 1024, seed=3)
+    hw = reference.simulate(arch, kernel, clk, dispatch_start=1)
+    same = [
+        reference.simulate(arch, kernel, clk, dispatch="weighted", dispatch_start=1,
+                           dispatch_weight=weights(arch, 7, 7, 7, 7)),
+        reference.simulate(arch, kernel, clk, dispatch="closed_loop", dispatch_start=1,
+                           ema_alpha=0.0, ema_prior_ns=123.0, dispatch_trace=True),
+    ]
+    for r in same:
+        for key in hw:
+            assert np.array_equal(np.asarray(hw[key]), np.asarray(r[key])), key
+    # a = 0: the estimates never leave the prior, round(123 * 1.98) = 244 ticks
+    est = same[1]["dispatch_est"]
+    assert est[:4].tolist() == [244] * 4
+    assert len(same[1]["dispatch_est_log"]) == 30
+    assert {e for (_, _, _, _, e) in same[1]["dispatch_est_log"]} == {244}
+
+
+def test_least_loaded_sees_partly_done_ctas():
+    """2 SMs at one clock (SM 0 rank 0), 2 CTAs per SM (100 KiB shared memory), CTAs of 2
+    warps; warps of CTA slot 0 sit on schedulers 0, 1 and of slot 1 on 2, 3, so each warp runs
+    alone: t trips of `fma dep` then EXIT issue at cycles 1 + 4 (i - 1) and 4 t - 2 after the
+    start. Seed 9 draws trips (c: [w0, w1]) 0: [3, 4], 1: [4, 5], 2: [6, 5], 3: [4, 3],
+    4: [4, 2]. Tick 0 (both policies): c0 -> SM 0, c1 -> SM 1, c2 -> SM 0, c3 -> SM 1.
+    Tick 14: c0 (SM 0, warps exit 10 and 14) and c3 (SM 1, 14 and 10) complete, so both SMs
+    have one free slot. SM 0 still holds c2 with 2 live warps (exits 22, 18); SM 1 holds c1
+    whose warp 0 exited in this very tick (4 * 4 - 2 = 14), 1 live warp (exit 18).
+    hardware: equal room -> rank 0 = SM 0; least_loaded: 1 < 2 live warps -> SM 1."""
+    arch = arch_with_sms(2)
+    kernel = make_kernel("loop 2 warp_spread=6\n  fma dep\nend", grid=5, threads=64,
+                         smem_bytes=100 * 1024, seed=9)
+    launch = lowered(arch, kernel, dispatch=2)
+    assert int(launch.ctas_per_sm) == 2 and int(launch.warps_per_cta) == 2
+    assert launch.dispatch_rank[:2].tolist() == [0, 1]
+    trips = [[reference.warp_trips(9, 2, 0, 6, c, w) for w in range(2)] for c in range(5)]
+    assert trips == [[3, 4], [4, 5], [6, 5], [4, 3], [4, 2]]
+    hw = reference.simulate(arch, kernel, dispatch="hardware")
+    ll = reference.simulate(arch, kernel, dispatch="least_loaded")
+    for r in (hw, ll):
+        assert r["cta_start_tick"].tolist() == [0, 0, 0, 0, 14]
+        # c4 from tick 14: warps exit at 14 + 14 and 14 + 6
+        assert r["cta_end_tick"].tolist() == [14, 18, 22, 14, 28]
+    assert hw["cta_sm"].tolist() == [0, 1, 0, 1, 0]
+    assert ll["cta_sm"].tolist() == [0, 1, 0, 1, 1]
+
+
+def test_least_loaded_counts_ctas_placed_in_the_same_dispatch():
+    """Tick 0, nothing live yet: each placement adds W = 3 live warps, so with 3 SMs the 9 CTAs
+    go round in rank order (dispatch_start 2 over 3 SMs: rank 0, 1, 2 = SM 2, 0, 1). Counting
+    only warps live before the dispatch loop would send all nine to the rank-0 SM."""
+    arch = arch_with_sms(3)
+    kernel = make_kernel("fma dep", grid=9, threads=96)
+    launch = lowered(arch, kernel, dispatch=2, dispatch_start=2)
+    by_rank = np.argsort(launch.dispatch_rank[:3]).tolist()
+    assert by_rank == [2, 0, 1]
+    r = reference.simulate(arch, kernel, dispatch="least_loaded", dispatch_start=2)
+    assert r["cta_sm"].tolist() == [by_rank[c % 3] for c in range(9)]
+
+
+def test_closed_loop_estimates_after_known_completions():
+    """SM 0 at 1980 MHz, SM 1 at 990 MHz (cycle n at tick 2n + 1), one CTA per SM (200 KiB
+    shared memory), single-warp CTAs of 10 dependent FMAs (FMA i at the CTA's first cycle
+    + 4 (i - 1), EXIT 37 cycles after its first cycle).
+    Durations d = end - start: fast SM 38 (start t0, first cycle t0 + 1, EXIT t0 + 38);
+    slow SM from an even start 2a: first cycle at 2a + 1, EXIT at 2a + 1 + 2 * 37 -> d = 75;
+    from an odd start 2a + 1 (the SM cycled at that tick): first cycle 2a + 3 -> d = 76.
+    Placement (equal estimates at tick 0 -> rank order): c0 -> SM 0, c1 -> SM 1; tick 38:
+    c0 ends, c2 -> SM 0 (ends 76); tick 75: c1 ends, c3 -> SM 1 (odd start, ends 151).
+    Prior round(50 ns * 1.98) = 99 ticks, a = round(0.25 * 256) = 64, est += (64 (d - est)) // 256:
+      SM 0: 99 + (-3904 // 256 = -16) = 83;  83 + (-2880 // 256 = -12) = 71
+      SM 1: 99 + (-1536 // 256 = -6) = 93;   93 + (-1088 // 256 = -5) = 88
+    (floor division: truncation would give 84, 73 and 89)."""
+    arch, clk = two_sms(990)
+    kernel = make_kernel("\n".join(["fma dep"] * 10), grid=4, threads=32, smem_bytes=200 * 1024)
+    launch = lowered(arch, kernel, dispatch=4, clk=clk, ema_alpha=0.25, ema_prior_ns=50.0)
+    assert int(launch.ctas_per_sm) == 1
+    assert (int(launch.ema_alpha_256), int(launch.ema_prior_ticks)) == (64, 99)
+    r = reference.simulate(arch, kernel, clk, dispatch="closed_loop", ema_alpha=0.25,
+                           ema_prior_ns=50.0, dispatch_trace=True)
+    assert r["cta_sm"].tolist() == [0, 1, 0, 1]
+    assert r["cta_start_tick"].tolist() == [0, 0, 38, 75]
+    assert r["cta_end_tick"].tolist() == [38, 75, 76, 151]
+    # (tick, sm, cta, duration, estimate after)
+    assert r["dispatch_est_log"] == [(38, 0, 0, 38, 83), (75, 1, 1, 75, 93), (76, 0, 2, 38, 71),
+                                     (151, 1, 3, 76, 88)]
+    assert r["dispatch_est"][:3].tolist() == [71, 88, 99]  # the floorswept slot keeps the prior
+    # a = 1 (256): the estimate is the last duration; a = 0: the prior, forever
+    r1 = reference.simulate(arch, kernel, clk, dispatch="closed_loop", ema_alpha=1.0,
+                            ema_prior_ns=50.0, dispatch_trace=True)
+    # With a = 1 the slow SM's estimate is 75 after c1, so at tick 75 the tail CTA c3 is held
+    # for the fast SM (c2 there is expected to end at max(75, 38 + 38) = 76, and 76 + 38 + 75 // 8
+    # < 75 + 75): c3 runs on SM 0 from tick 76 and the slow SM learns nothing more.
+    assert r1["dispatch_est"][:2].tolist() == [38, 75]
+    assert r1["cta_sm"].tolist() == [0, 1, 0, 0]
+    r0 = reference.simulate(arch, kernel, clk, dispatch="closed_loop", ema_alpha=0.0,
+                            ema_prior_ns=50.0, dispatch_trace=True)
+    assert r0["dispatch_est"][:2].tolist() == [99, 99]
+    assert [e for (*_, e) in r0["dispatch_est_log"]] == [99] * 4
+    # the policy is a dispatcher choice only: the same CTAs run the same way here
+    for key in ("cta_sm", "cta_start_tick", "cta_end_tick", "sm_issued"):
+        assert np.array_equal(r[key], r0[key])
+
+
+def test_closed_loop_sends_the_tail_to_the_fast_sm():
+    """SM 0 at 1980 MHz, SM 1 at 990 MHz and rank 0 (dispatch_start 1), one CTA per SM.
+    Program: t dependent FMAs in a loop, one independent FMA, EXIT: on the fast SM the EXIT
+    issues 4 t - 1 ticks after the start; on the slow SM from an even start at tick
+    2 (4 t - 2) + 1, from an odd start t0 at t0 + 2 + 2 (4 t - 2). Seed 21 gives the CTAs
+    t = 4, 3, 3, 2, 2.
+    Tick 0: equal estimates (prior 0) and room -> c0 to rank 0 = SM 1 (ends 29), c1 to SM 0
+    (ends 11); then SM 0 alone frees: c2 at 11 (ends 22), c3 at 22 (ends 29).
+    SM 0's estimate (a = 64): 704 // 256 = 2; 2 + 576 // 256 = 4; 4 + 192 // 256 = 4.
+    Tick 29: SM 0 (c3, in SM order first) and SM 1 (c0, d = 29: 1856 // 256 = 7) both free.
+    closed_loop: est 4 < 7 -> c4 to SM 0, ends 29 + 7 = 36, makespan 37.
+    hardware: equal room -> rank 0 = SM 1, odd start: ends 29 + 2 + 12 = 43, makespan 44."""
+    arch, clk = two_sms(990)
+    kernel = make_kernel("loop 3 cta_spread=1\n  fma dep\nend\nfma", grid=5, threads=32,
+                         smem_bytes=200 * 1024, seed=21)
+    assert [reference.warp_trips(21, 3, 1, 0, c, 0) for c in range(5)] == [4, 3, 3, 2, 2]
+    launch = lowered(arch, kernel, dispatch=4, dispatch_start=1, clk=clk)
+    assert launch.dispatch_rank[:2].tolist() == [1, 0] and int(launch.ctas_per_sm) == 1
+    cl = reference.simulate(arch, kernel, clk, dispatch="closed_loop", dispatch_start=1,
+                            dispatch_trace=True)
+    hw = reference.simulate(arch, kernel, clk, dispatch="hardware", dispatch_start=1)
+    assert cl["cta_sm"].tolist() == [1, 0, 0, 0, 0]
+    assert cl["cta_start_tick"].tolist() == [0, 0, 11, 22, 29]
+    assert cl["cta_end_tick"].tolist() == [29, 11, 22, 29, 36]
+    assert cl["dispatch_est_log"] == [(11, 0, 1, 11, 2), (22, 0, 2, 11, 4), (29, 0, 3, 7, 4),
+                                      (29, 1, 0, 29, 7), (36, 0, 4, 7, 4)]
+    assert cl["makespan_ticks"] == 37
+    assert hw["cta_sm"].tolist() == [1, 0, 0, 0, 1]
+    assert hw["cta_end_tick"].tolist() == [29, 11, 22, 29, 43]
+    assert hw["makespan_ticks"] == 44
+
+
+def test_closed_loop_same_tick_completions_update_in_slot_order():
+    """One SM, two CTA slots, program: t dependent FMAs in a loop, two independent FMAs, EXIT:
+    the EXIT issues 4 t ticks after the start. Seed 4: t = 5, 2, 3. c0 (slot 0) runs 0..20,
+    c1 (slot 1) 0..8, c2 (slot 1 again) 8..20: c0 and c2 complete in the same cycle.
+    a = round(0.5 * 256) = 128, prior 0: c1: 1024 // 256 = 4; tick 20 in slot order: c0 (d = 20)
+    4 + 2048 // 256 = 12, then c2 (d = 12) 12 + 0 = 12. (The other order would give 8, 14.)"""
+    arch = arch_with_sms(1)
+    kernel = make_kernel("loop 3 cta_spread=2\n  fma dep\nend\nfma\nfma", grid=3, threads=32,
+                         smem_bytes=100 * 1024, seed=4)
+    assert [reference.warp_trips(4, 3, 2, 0, c, 0) for c in range(3)] == [5, 2, 3]
+    r = reference.simulate(arch, kernel, dispatch="closed_loop", ema_alpha=0.5, dispatch_trace=True)
+    assert r["cta_start_tick"].tolist() == [0, 0, 8]
+    assert r["cta_end_tick"].tolist() == [20, 8, 20]
+    assert r["dispatch_est_log"] == [(8, 0, 1, 8, 4), (20, 0, 0, 20, 12), (20, 0, 2, 12, 12)]
+    assert r["dispatch_est"][0] == 12
+
+
+@pytest.mark.parametrize("dispatch", lower.DISPATCH_POLICIES)
+def test_every_cta_runs_once_with_mixed_clocks(dispatch):
+    """Mixed clocks, uneven weights, a learning closed loop: every policy runs each CTA once,
+    never exceeds the residency limit, starts CTAs only at tick 0 or at a completion tick, and
+    does the same total work."""
+    arch = arch_with_sms(4)
+    freq = np.zeros(arch.n_sm_slots)
+    freq[:4] = (1980, 990, 1500, 1237)
+    clk = clocks.from_array(arch, freq)
+    kernel = make_kernel("loop 6 cta_spread=4 warp_spread=2\n  fma dep\n  alu\n  lds ways=2\nend",
+                         grid=45, threads=128, smem_bytes=36 * 1024, seed=5)
+    r = reference.simulate(arch, kernel, clk, dispatch=dispatch, dispatch_start=3,
+                           dispatch_weight=weights(arch, 5, 2, 4, 3), ema_alpha=0.5,
+                           ema_prior_ns=20.0)
+    assert np.all(np.isin(r["cta_sm"], [0, 1, 2, 3]))
+    assert np.array_equal(np.bincount(r["cta_sm"], minlength=arch.n_sm_slots), r["sm_ctas"])
+    assert r["sm_ctas"].sum() == 45
+    assert np.all(r["cta_start_tick"] < r["cta_end_tick"])
+    assert np.all(np.diff(r["cta_start_tick"]) >= 0)  # grid order
+    assert r["makespan_ticks"] == r["cta_end_tick"].max() + 1
+    assert np.all(r["cta_start_tick"][:24] == 0)  # 4 x 6 slots at tick 0, whatever the policy
+    assert set(r["cta_start_tick"][24:].tolist()) <= set(r["cta_end_tick"].tolist())
+    for s in range(4):
+        mine = r["cta_sm"] == s
+        for t in np.unique(r["cta_start_tick"][mine]):
+            live = (r["cta_start_tick"][mine] <= t) & (r["cta_end_tick"][mine] > t)
+            assert live.sum() <= 6
+    expect = sum(3 * reference.warp_trips(5, 6, 4, 2, c, w) + 1
+                 for c in range(45) for w in range(4))
+    assert r["sm_issued"].sum() == expect
+
+
+def test_dispatch_parameters_validated():
+    arch = arch_with_sms(2)
+    kernel = make_kernel("fma dep", grid=2, threads=32)
+    with pytest.raises(JaxschedError):
+        reference.simulate(arch, kernel, dispatch="weighted", dispatch_weight=weights(arch, 3, 0))
+    with pytest.raises(JaxschedError):
+        reference.simulate(arch, kernel, dispatch="weighted", dispatch_weight=[1, 2])
+    with pytest.raises(JaxschedError):
+        reference.simulate(arch, kernel, dispatch="closed_loop", ema_alpha=1.5)
+    with pytest.raises(JaxschedError):
+        reference.simulate(arch, kernel, dispatch="closed_loop", ema_prior_ns=-1.0)
+    with pytest.raises(JaxschedError):
+        reference.simulate(arch, kernel, dispatch="nearest")
+    # floorswept slots need no weight
+    r = reference.simulate(arch, kernel, dispatch="weighted", dispatch_weight=weights(arch, 3, 1))
+    assert r["sm_ctas"].sum() == 2
 
 
 # --- program semantics ---------------------------------------------------------------------------

@@ -106,3 +106,62 @@ def test_bad_specs_fail_before_compute(edit, message):
     with pytest.raises(js.JaxschedError, match=message):
         spec = sweep.loads(text)
         list(sweep.configurations(spec))  # validation of every configuration, no simulation
+
+
+# --------------------------------------------------------------------------- chunk layout
+
+
+@pytest.mark.parametrize("shape, chunk, block", [
+    ((2, 2, 2, 2), 4, (1, 1, 2, 2)),
+    ((2, 2, 2, 2), 3, (1, 1, 1, 2)),
+    ((2, 2, 2, 2), 64, (2, 2, 2, 2)),
+    ((5, 4), 8, (2, 4)),
+    ((3, 100), 64, (1, 64)),
+    ((7,), 1, (1,)),
+])
+def test_block_shape(shape, chunk, block):
+    assert sweep.block_shape(shape, chunk) == block
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 5, 8, 16])
+def test_chunks_cover_every_configuration_once_in_order(chunk):
+    spec = sweep.loads(SPEC)
+    layout = sweep.make_layout(spec, chunk)
+    assert layout.chunk_size <= chunk and layout.n_configs == spec.n_configs == 16
+    seen = np.zeros(layout.shape, dtype=int)
+    flat = {(c[0], c[1]): i for i, c in enumerate(sweep.configurations(spec))}
+    for i in range(layout.n_chunks):
+        region = layout.region(i)
+        seen[region] += 1
+        configs = sweep.chunk_configs(spec, layout, i)
+        assert len(configs) == layout.count(i)
+        order = [flat[(c[0], c[1])] for c in configs]
+        assert order == sorted(order)  # C order inside the chunk
+    np.testing.assert_array_equal(seen, 1)
+
+
+def test_done_chunks():
+    layout = sweep.Layout(("a", "replicate"), (5, 4), (2, 4))
+    done = np.zeros((5, 4), dtype=bool)
+    done[0:2] = True
+    done[4, :3] = True  # the edge chunk is not complete
+    np.testing.assert_array_equal(layout.done_chunks(done), [True, False, False])
+    done[4, 3] = True
+    np.testing.assert_array_equal(layout.done_chunks(done), [True, False, True])
+
+
+def test_select_devices():
+    import jax
+
+    assert sweep.select_devices(None) == jax.local_devices()
+    assert sweep.select_devices("1") == jax.local_devices()[:1]
+    assert sweep.select_devices("0:1") == jax.local_devices()[:1]
+    for bad in ("0", "99", "x", "5,5"):
+        with pytest.raises(js.JaxschedError, match="--devices"):
+            sweep.select_devices(bad)
+
+
+def test_fingerprint_follows_resolved_inputs():
+    a, b = sweep.loads(SPEC), sweep.loads(SPEC.replace("grid = 40", "grid = 41"))
+    assert sweep.fingerprint(a) == sweep.fingerprint(sweep.loads(SPEC))
+    assert sweep.fingerprint(a) != sweep.fingerprint(b)

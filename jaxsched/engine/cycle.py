@@ -72,6 +72,18 @@ def _ceil_ticks(queue: Array) -> Array:
     return (queue + QUEUE_ONE_TICK - 1) // QUEUE_ONE_TICK
 
 
+def _learn_cta_durations(
+    est: Int[Array, " sm"], complete: Bool[Array, "sm cta"], duration: Int[Array, "sm cta"], launch: Launch
+) -> Int[Array, " sm"]:
+    """Closed-loop dispatch's integer EMA of CTA durations, one completion at a time in CTA-slot
+    order (docs/model.md section 9). Only completions are observed, never the clocks."""
+    a = launch.ema_alpha_256.astype(jnp.int64)
+    for j in range(complete.shape[1]):
+        d = duration[:, j].astype(jnp.int64)
+        est = jnp.where(complete[:, j], est + (a * (d - est)) // 256, est)
+    return est
+
+
 def run_tick(state: State, launch: Launch, shapes: Shapes) -> State:
     """Execute the SM cycles of tick `state.tick` (section 7) and complete CTAs; no dispatch."""
     k = state.tick
@@ -158,6 +170,7 @@ def run_tick(state: State, launch: Launch, shapes: Shapes) -> State:
     )
     return replace(
         state,
+        dispatch_est=_learn_cta_durations(state.dispatch_est, complete, k - state.cta_start, launch),
         acc=acc,
         cycle=c + edge,
         mio=jnp.where(edge, jnp.maximum(mio - 1, 0), state.mio),

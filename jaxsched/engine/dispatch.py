@@ -17,13 +17,13 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Int
+from jaxtyping import Array, Bool, Int
 
 from ..lower import Launch, Shapes
 from .state import State
 from .variation import resolve_pc, warp_variation
 
-HARDWARE, ROUND_ROBIN = 0, 1
+HARDWARE, ROUND_ROBIN, LEAST_LOADED, WEIGHTED, CLOSED_LOOP = range(5)
 
 
 class Variation(NamedTuple):
@@ -43,38 +43,83 @@ def variation_tables(launch: Launch, shapes: Shapes) -> Variation:
 class _Slots(NamedTuple):
     cta_id: Int[Array, "sm cta"]
     resident: Int[Array, " sm"]
+    live_warps: Int[Array, " sm"]
+    start: Int[Array, "sm cta"]  # start tick of each slot's CTA (closed loop)
     next_cta: Int[Array, ""]
     rr_pointer: Int[Array, ""]
+    hold: Bool[Array, ""]  # closed loop chose a full SM: nothing more this tick
 
 
-def scores(slots: _Slots, launch: Launch, room: Int[Array, " sm"]) -> Int[Array, " sm"]:
-    """Higher is preferred; only SMs with room are considered by the caller."""
-    n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled, dtype=jnp.int32), 1)
-    # "Most room", ties to the lowest rank in the rotated fixed order [Gil21].
-    most_room = room * 65536 - launch.dispatch_rank
-    # Round robin: first SM at or after the pointer in rank order.
-    round_robin = -((launch.dispatch_rank - slots.rr_pointer) % n_enabled)
-    return jnp.where(launch.dispatch_policy == HARDWARE, most_room, round_robin)
+def scores(
+    slots: _Slots, launch: Launch, room: Int[Array, " sm"], est: Int[Array, " sm"], tick: Int[Array, ""]
+) -> Int[Array, " sm"]:
+    """Higher is preferred (int64; every policy breaks its ties by rank, so scores are distinct).
+    Only SMs with room are considered by the caller. docs/model.md section 9."""
+    i64 = lambda x: x.astype(jnp.int64)  # noqa: E731
+    rank = i64(launch.dispatch_rank)
+    n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled, dtype=jnp.int64), 1)
+    policy = launch.dispatch_policy
+    return jnp.select(
+        [policy == HARDWARE, policy == ROUND_ROBIN, policy == LEAST_LOADED, policy == WEIGHTED],
+        [
+            # "Most room", ties to the lowest rank in the rotated fixed order [Gil21].
+            i64(room) * 65536 - rank,
+            # First SM at or after the pointer in rank order.
+            -((rank - i64(slots.rr_pointer)) % n_enabled),
+            # Fewest live warps.
+            -i64(slots.live_warps) * 65536 - rank,
+            # Static weights per resident CTA.
+            (i64(launch.dispatch_weight) * 65536 // (i64(slots.resident) + 1)) * 65536 - rank,
+        ],
+        # Closed loop: earliest expected finish, then most room, then rank [S1].
+        ((-est) * 64 + i64(room)) * 65536 - rank,
+    )
+
+
+def _censored_estimate(state: State, tick: Int[Array, ""]) -> Int[Array, " sm"]:
+    """`max(est_s, k - oldest start on s)`: a CTA still running after that long shows the SM is at
+    least that slow, whatever the estimate says (docs/model.md section 9)."""
+    running = jnp.where(state.cta_id >= 0, tick - state.cta_start, 0)
+    return jnp.maximum(state.dispatch_est, jnp.max(running, axis=1).astype(jnp.int64))
+
+
+def _hold_for_better_slots(slots: _Slots, launch: Launch, est: Array, sm: Array, tick: Array) -> Array:
+    """Closed loop in the tail: keep the CTA if the CTAs left fit in slots expected to finish
+    them earlier than `sm` would (docs/model.md section 9)."""
+    now = tick.astype(jnp.int64)
+    target = now + est[sm]
+    e = est[:, None]
+    finish = jnp.maximum(now, slots.start.astype(jnp.int64) + e) + e
+    better = (slots.cta_id >= 0) & launch.sm_enabled[:, None] & (finish + est[sm] // 8 < target)
+    left = (launch.n_ctas - slots.next_cta).astype(jnp.int64)
+    return (launch.dispatch_policy == CLOSED_LOOP) & (left <= jnp.sum(better, dtype=jnp.int64))
 
 
 def _room(slots: _Slots, launch: Launch) -> Int[Array, " sm"]:
     return jnp.where(launch.sm_enabled, launch.ctas_per_sm - slots.resident, 0)
 
 
-def _place_one(slots: _Slots, launch: Launch, shapes: Shapes) -> _Slots:
+def _place_one(
+    slots: _Slots, launch: Launch, shapes: Shapes, est: Int[Array, " sm"], tick: Int[Array, ""]
+) -> _Slots:
     room = _room(slots, launch)
-    score = jnp.where(room > 0, scores(slots, launch, room), jnp.iinfo(jnp.int32).min)
+    score = jnp.where(room > 0, scores(slots, launch, room, est, tick), jnp.iinfo(jnp.int64).min)
     sm = jnp.argmax(score).astype(jnp.int32)
+    hold = _hold_for_better_slots(slots, launch, est, sm, tick)
     free = (slots.cta_id[sm] < 0) & (jnp.arange(shapes.cta_slots, dtype=jnp.int32) < launch.ctas_per_sm)
     j = jnp.argmax(free).astype(jnp.int32)
     n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled, dtype=jnp.int32), 1)
-    return _Slots(
+    placed = _Slots(
         cta_id=slots.cta_id.at[sm, j].set(slots.next_cta),
         resident=slots.resident.at[sm].add(1),
+        live_warps=slots.live_warps.at[sm].add(launch.warps_per_cta),
+        start=slots.start.at[sm, j].set(tick),
         next_cta=slots.next_cta + 1,
         rr_pointer=jnp.where(launch.dispatch_policy == ROUND_ROBIN,
                              (launch.dispatch_rank[sm] + 1) % n_enabled, slots.rr_pointer),
+        hold=jnp.bool_(False),
     )
+    return jax.tree.map(lambda h, p: jnp.where(hold, h, p), slots._replace(hold=jnp.bool_(True)), placed)
 
 
 def dispatch(
@@ -83,10 +128,13 @@ def dispatch(
     """Place CTAs until the grid is exhausted or no enabled SM has a free slot; launch their warps."""
 
     def has_work(slots: _Slots) -> Array:
-        return (slots.next_cta < launch.n_ctas) & jnp.any(_room(slots, launch) > 0)
+        return (slots.next_cta < launch.n_ctas) & jnp.any(_room(slots, launch) > 0) & ~slots.hold
 
-    start = _Slots(state.cta_id, state.resident, state.next_cta, state.rr_pointer)
-    slots = jax.lax.while_loop(has_work, lambda s: _place_one(s, launch, shapes), start)
+    live = jnp.sum(state.cta_live, axis=1, dtype=jnp.int32)
+    start = _Slots(state.cta_id, state.resident, live, state.cta_start, state.next_cta,
+                   state.rr_pointer, jnp.bool_(False))
+    est = _censored_estimate(state, tick)
+    slots = jax.lax.while_loop(has_work, lambda s: _place_one(s, launch, shapes, est, tick), start)
     new = (slots.cta_id >= 0) & (slots.cta_id != state.cta_id)  # [sm, cta]
 
     # Launch the new CTAs' warps: slot w belongs to CTA slot w // W, warp w mod W.
@@ -124,6 +172,8 @@ def dispatch(
         cta_id=slots.cta_id,
         cta_live=jnp.where(new, n_w, state.cta_live),
         cta_arrived=jnp.where(new, 0, state.cta_arrived),
+        cta_start=slots.start,
+        dispatch_hold=slots.hold,
         resident=slots.resident,
         warps=warps,
         next_cta=slots.next_cta,

@@ -56,6 +56,8 @@ def skip_to_next_event(state: State, launch: Launch, shapes: Shapes, done: Array
     per_sm = jnp.where(launch.sm_enabled, jnp.minimum(by_cycle, by_tick), INF)
     nxt = jnp.min(per_sm)
     nxt = jnp.where((nxt < INF) & ~done, nxt, k + 1)  # nothing pending only after the last CTA
+    # A held dispatch depends on the tick itself (section 9): look again at the next tick.
+    nxt = jnp.where(state.dispatch_hold, k + 1, nxt)
     skipped = nxt - k - 1
 
     cycles, acc = cycles_in_ticks(state, launch, skipped)

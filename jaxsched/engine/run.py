@@ -23,7 +23,8 @@ from ..arch import Arch
 from ..clocks import Clocks
 from ..errors import check
 from ..kernel import Kernel
-from ..lower import DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, policy_index, shapes_for, validate
+from ..lower import (DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, policy_index, shapes_for,
+                     validate, validate_dispatch)
 from .cycle import run_tick
 from .dispatch import dispatch, variation_tables
 from .events import skip_to_next_event
@@ -93,7 +94,9 @@ def run_launch(launch: Launch, shapes: Shapes, max_ticks: int) -> State:
     def running(state: State) -> Array:
         return (state.ctas_done < launch.n_ctas) & (state.tick < max_ticks)
 
-    return jax.lax.while_loop(running, step, initial_state(shapes))
+    start = initial_state(shapes)
+    start = dataclasses.replace(start, dispatch_est=jnp.full_like(start.dispatch_est, launch.ema_prior_ticks))
+    return jax.lax.while_loop(running, step, start)
 
 
 def _run_config(
@@ -103,11 +106,15 @@ def _run_config(
     warp_policy: Array,
     dispatch_policy: Array,
     dispatch_start: Array,
+    dispatch_weight: Array,
+    ema_alpha: Array,
+    ema_prior_ns: Array,
     *,
     shapes: Shapes,
     max_ticks: int,
 ) -> Result:
-    launch = lower(arch, kernel, clocks, warp_policy, dispatch_policy, dispatch_start)
+    launch = lower(arch, kernel, clocks, warp_policy, dispatch_policy, dispatch_start,
+                   dispatch_weight, ema_alpha, ema_prior_ns)
     final = run_launch(launch, shapes, max_ticks)
     c = final.counters
     ticks = final.last_exit_tick + 1
@@ -134,9 +141,16 @@ def _run_config(
 
 
 @functools.partial(jax.jit, static_argnames=("shapes", "max_ticks", "batched"))
-def _compiled(arch, kernel, clocks, wp, dp, ds, *, shapes: Shapes, max_ticks: int, batched: bool):
+def _compiled(*config, shapes: Shapes, max_ticks: int, batched: bool):
     fn = functools.partial(_run_config, shapes=shapes, max_ticks=max_ticks)
-    return jax.vmap(fn)(arch, kernel, clocks, wp, dp, ds) if batched else fn(arch, kernel, clocks, wp, dp, ds)
+    return jax.vmap(fn)(*config) if batched else fn(*config)
+
+
+def _dispatch_inputs(arch: Arch, clocks: Clocks, weight, alpha: float, prior_ns: float) -> tuple:
+    """Validated dispatch parameters as arrays (weights default to the SM clocks in MHz)."""
+    validate_dispatch(arch, weight, alpha, prior_ns)
+    w = np.asarray(clocks.sm_freq_mhz if weight is None else weight, dtype=np.int32)
+    return w, np.float32(alpha), np.float32(prior_ns)
 
 
 def _check_done(result: Result, max_ticks: int) -> None:
@@ -153,18 +167,27 @@ def simulate(
     warp_policy: str | int = "gto",
     dispatch: str | int = "hardware",
     dispatch_start: int = 0,
+    dispatch_weight: ArrayLike | None = None,
+    ema_alpha: float = 0.25,
+    ema_prior_ns: float = 0.0,
     max_ticks: int = MAX_TICKS,
 ) -> Result:
-    """Simulate one kernel launch on one chip. Policies: warp `lrr`/`gto`/`oldest`, dispatch
-    `hardware`/`round_robin`; `dispatch_start` rotates the hardware SM order."""
+    """Simulate one kernel launch on one chip.
+
+    Warp policies `WARP_POLICIES` (lrr, gto, oldest); dispatch policies `DISPATCH_POLICIES`
+    (hardware, round_robin, least_loaded, weighted, closed_loop; docs/model.md section 9).
+    `dispatch_start` rotates the hardware SM order; `dispatch_weight` (per SM slot, default the
+    SM clocks in MHz) drives `weighted`; `ema_alpha` and `ema_prior_ns` drive `closed_loop`.
+    """
     clocks = clocks_mod.uniform(arch) if clocks is None else clocks
     validate(arch, kernel, clocks)
     check(isinstance(dispatch_start, (int, np.integer)) and 0 <= dispatch_start < 2**31,
           "dispatch_start", dispatch_start, "an integer in 0 .. 2^31 - 1")
     wp = np.int32(policy_index(warp_policy, WARP_POLICIES, "warp_policy"))
     dp = np.int32(policy_index(dispatch, DISPATCH_POLICIES, "dispatch"))
+    extra = _dispatch_inputs(arch, clocks, dispatch_weight, ema_alpha, ema_prior_ns)
     with jax.enable_x64(True):
-        result = _compiled(arch, kernel, clocks, wp, dp, np.int32(dispatch_start),
+        result = _compiled(arch, kernel, clocks, wp, dp, np.int32(dispatch_start), *extra,
                            shapes=shapes_for(arch, kernel), max_ticks=max_ticks, batched=False)
         result = jax.device_get(result)
     _check_done(result, max_ticks)
@@ -199,11 +222,16 @@ def simulate_batch(
     dispatch: ArrayLike,
     dispatch_start: ArrayLike,
     *,
+    dispatch_weight: Sequence[ArrayLike | None] | None = None,
+    ema_alpha: ArrayLike = 0.25,
+    ema_prior_ns: ArrayLike = 0.0,
     max_ticks: int = MAX_TICKS,
 ) -> Result:
     """Simulate N configurations in one vmapped call (one compilation for equal static shapes).
 
-    Policies are integer arrays of length N (indices into `WARP_POLICIES`/`DISPATCH_POLICIES`).
+    Policies are integer arrays of length N (indices into `WARP_POLICIES`/`DISPATCH_POLICIES`);
+    `dispatch_weight` is a list of per-SM weights (or None: the clocks), `ema_alpha` and
+    `ema_prior_ns` scalars or length-N arrays.
     """
     n = len(archs)
     check(len(kernels) == n and len(clocks) == n, "batch", (n, len(kernels), len(clocks)),
@@ -218,9 +246,14 @@ def simulate_batch(
     shapes = Shapes(**{**base.__dict__, "max_ctas": max(s[-1] for s in shape_set)})
     kernels = [_pad_grid_independent(k) for k in kernels]
     as_i32 = lambda v: np.broadcast_to(np.asarray(v, dtype=np.int32), (n,))  # noqa: E731
+    weights = [None] * n if dispatch_weight is None else list(dispatch_weight)
+    alphas = np.broadcast_to(np.asarray(ema_alpha, dtype=np.float32), (n,))
+    priors = np.broadcast_to(np.asarray(ema_prior_ns, dtype=np.float32), (n,))
+    extra = [_dispatch_inputs(a, c, w, al, pr) for a, c, w, al, pr in zip(archs, clocks, weights, alphas, priors)]
+    extra = tuple(np.stack(col) for col in zip(*extra))
     with jax.enable_x64(True):
         result = _compiled(stack(archs), stack(kernels), stack(clocks), as_i32(warp_policy),
-                           as_i32(dispatch), as_i32(dispatch_start), shapes=shapes,
+                           as_i32(dispatch), as_i32(dispatch_start), *extra, shapes=shapes,
                            max_ticks=max_ticks, batched=True)
         result = jax.device_get(result)
     _check_done(result, max_ticks)

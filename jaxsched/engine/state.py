@@ -68,6 +68,9 @@ class State(eqx.Module):
     cta_live: Int[Array, "sm cta"]
     cta_arrived: Int[Array, "sm cta"]
     resident: Int[Array, " sm"]  # CTAs resident
+    cta_start: Int[Array, "sm cta"]  # start tick of the CTA in each slot
+    dispatch_est: Int[Array, " sm"]  # closed-loop estimate of a CTA's duration, ticks (int64)
+    dispatch_hold: Bool[Array, ""]  # closed loop held CTAs back this tick: re-evaluate next tick
     warps: Warps
     q_l2: Int[Array, ""]
     q_dram: Int[Array, ""]
@@ -93,6 +96,9 @@ def initial_state(shapes: Shapes) -> State:
         cta_live=zi(s, c),
         cta_arrived=zi(s, c),
         resident=zi(s),
+        cta_start=zi(s, c),
+        dispatch_est=zl(s),
+        dispatch_hold=jnp.zeros((), bool),
         warps=Warps(
             active=jnp.zeros((s, w), bool),
             pc=zi(s, w),
