@@ -103,3 +103,25 @@ def configurations(draw) -> dict:
         ema_alpha=draw(st.sampled_from([0.0, 0.1, 0.25, 0.5, 1.0])),
         ema_prior_ns=draw(st.sampled_from([0.0, 50.0, 1000.0])),
     )
+
+
+def tiny_sweep_spec(title: str, seed: int, grid: str, top: str = "") -> str:
+    """A sweep spec of the H200 preset with a 40-CTA kernel (fast), for sweep tests."""
+    return f"""
+title = "{title}"
+arch = "h200"
+replicates = 2
+seed = {seed}
+{top}
+[kernel]
+name = "tiny"
+grid = 40
+threads = 64
+program = "loop 3\\n ldg\\n fma dep\\nend"
+
+[clocks]
+mean_ghz = 1.8
+
+[grid]
+{grid}
+"""

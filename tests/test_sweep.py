@@ -6,30 +6,12 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from helpers import tiny_sweep_spec
+
 import jaxsched as js
 from jaxsched import sweep
 
-SPEC = """
-title = "test"
-arch = "h200"
-replicates = 2
-seed = 3
-chunk = 4
-
-[kernel]
-name = "tiny"
-grid = 40
-threads = 64
-program = "loop 3\\n ldg\\n fma dep\\nend"
-
-[clocks]
-mean_ghz = 1.8
-
-[grid]
-"policy.warp" = ["lrr", "gto"]
-"clocks.sigma" = [0.0, 0.1]
-"arch.dram_bytes_per_ns" = [500.0, 4800.0]
-"""
+SPEC = tiny_sweep_spec("test", 3, "\"policy.warp\" = [\"lrr\", \"gto\"]\n\"clocks.sigma\" = [0.0, 0.1]\n\"arch.dram_bytes_per_ns\" = [500.0, 4800.0]\n", top="chunk = 4\n")
 
 
 @pytest.fixture(scope="module")

@@ -21,31 +21,15 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from helpers import tiny_sweep_spec
+
 from jaxsched import sweep
 from jaxsched.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = Path(sys.executable).parent / "jaxsched"
 
-SPEC = """
-title = "resume"
-arch = "h200"
-replicates = 2
-seed = 7
-
-[kernel]
-name = "tiny"
-grid = 40
-threads = 64
-program = "loop 3\\n ldg\\n fma dep\\nend"
-
-[clocks]
-mean_ghz = 1.8
-
-[grid]
-"policy.warp" = ["lrr", "gto"]
-"clocks.sigma" = [0.0, 0.05, 0.1]
-"""
+SPEC = tiny_sweep_spec("resume", 7, "\"policy.warp\" = [\"lrr\", \"gto\"]\n\"clocks.sigma\" = [0.0, 0.05, 0.1]\n")
 N_CHUNKS = 6  # 12 configurations, --chunk 2: one grid point (2 replicates) per chunk
 
 
