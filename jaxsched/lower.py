@@ -18,6 +18,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from .arch import Arch
 from .clocks import Clocks
+from .dvfs import Dvfs, DvfsLaunch, lower_dvfs, off, tick_mhz as reachable_tick_mhz
 from .errors import JaxschedError, check
 from .isa import Op
 from .kernel import Kernel
@@ -40,6 +41,7 @@ class Shapes:
     schedulers: int
     n_instr: int
     max_ctas: int  # per-CTA trace length
+    trace_len: int = 0  # rows of the DVFS clock trace (section 12)
 
     @property
     def warps_per_scheduler(self) -> int:
@@ -49,7 +51,7 @@ class Shapes:
 class Launch(eqx.Module):
     """One configuration in the engines' integer units (docs/model.md, "Lowering")."""
 
-    tick_mhz: Int[Array, ""]  # the global tick rate: the fastest enabled SM's clock
+    tick_mhz: Int[Array, ""]  # the global tick rate: the fastest clock an enabled SM can reach
     sm_freq_mhz: Int[Array, " sm"]  # 0 for floorswept SMs
     sm_enabled: Bool[Array, " sm"]
     dispatch_rank: Int[Array, " sm"]  # position of each SM in the rotated dispatch order
@@ -83,6 +85,7 @@ class Launch(eqx.Module):
     trips_warp_spread: Int[Array, ""]
     branch_threshold: Int[Array, ""]
     seed: Int[Array, ""]
+    dvfs: DvfsLaunch
 
 
 def policy_index(name: str | int, known: tuple[str, ...], field: str) -> int:
@@ -155,15 +158,18 @@ def lower(
     dispatch_weight: Int[Array, " sm"] | None = None,
     ema_alpha: Float[Array, ""] | float = 0.25,
     ema_prior_ns: Float[Array, ""] | float = 0.0,
+    dvfs: Dvfs | None = None,
 ) -> Launch:
     """Convert one configuration to engine units. Traceable; call `validate` first when concrete.
 
-    `dispatch_weight` defaults to each SM's clock in MHz (the weighted policy's natural choice).
+    `dispatch_weight` defaults to each SM's clock in MHz (the weighted policy's natural choice);
+    `dvfs` defaults to static clocks (`dvfs.off`).
     """
     i32 = lambda v: jnp.asarray(v, dtype=jnp.int32)  # noqa: E731
     enabled = jnp.asarray(arch.sm_enabled)
     freq = jnp.where(enabled, i32(clocks.sm_freq_mhz), 0)
-    tick_mhz = jnp.max(freq)
+    dvfs = off(arch) if dvfs is None else dvfs
+    tick_mhz = reachable_tick_mhz(dvfs, freq)
     ticks_per_ns = tick_mhz.astype(jnp.float32) / 1000.0
 
     occ = occupancy(arch, kernel.threads_per_cta, kernel.regs_per_thread,
@@ -224,6 +230,7 @@ def lower(
         trips_warp_spread=i32(kernel.trips_warp_spread),
         branch_threshold=_round_i32(kernel.branch_if_probability * BRANCH_HASH_ONE),
         seed=i32(kernel.seed),
+        dvfs=lower_dvfs(dvfs, arch, tick_mhz),
     )
 
 

@@ -24,7 +24,7 @@ LRR, GTO, OLDEST = 0, 1, 2
 
 def clock_edges(state: State, launch: Launch) -> tuple[Bool[Array, " sm"], Int[Array, " sm"]]:
     """Which SMs execute a cycle in this tick, and their phase accumulators afterwards."""
-    acc = state.acc + launch.sm_freq_mhz
+    acc = state.acc + state.freq
     edge = (acc >= launch.tick_mhz) & launch.sm_enabled
     return edge, jnp.where(edge, acc - launch.tick_mhz, acc)
 
@@ -59,6 +59,12 @@ def _per_cta(x: Array, launch: Launch, shapes: Shapes) -> Array:
     cta_of_warp = jnp.minimum(jnp.arange(shapes.warp_slots, dtype=jnp.int32) // launch.warps_per_cta,
                               shapes.cta_slots - 1)
     return jnp.zeros((x.shape[0], shapes.cta_slots), x.dtype).at[:, cta_of_warp].add(x)
+
+
+def _count_ops(sel_op: Int[Array, "sm sched"], has: Bool[Array, "sm sched"]) -> Int[Array, "sm op"]:
+    """Issued instructions per isa.Op class in this cycle, per SM."""
+    hit = has[..., None] & (sel_op[..., None] == jnp.arange(len(Op), dtype=jnp.int32))
+    return jnp.sum(hit, axis=1, dtype=jnp.int64)
 
 
 def _prefix_sum_sm_sched(x: Int[Array, "sm sched"]) -> Int[Array, "sm sched"]:
@@ -163,6 +169,7 @@ def run_tick(state: State, launch: Launch, shapes: Shapes) -> State:
         sm_cycles=counters.sm_cycles + cycles,
         sm_busy_cycles=counters.sm_busy_cycles + cycles * (active_warps > 0),
         sm_issued=counters.sm_issued + jnp.sum(sel, axis=1),
+        sm_issued_op=counters.sm_issued_op + _count_ops(sel_op, has),
         sm_active_lanes=counters.sm_active_lanes + jnp.sum(jnp.where(sel, st.active_lanes, 0), axis=1),
         sm_warp_cycles=counters.sm_warp_cycles + cycles * active_warps,
         sm_stalls=counters.sm_stalls + count_reasons(reason, edge),

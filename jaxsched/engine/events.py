@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int
 
 from ..lower import QUEUE_ONE_TICK, Launch, Shapes
+from .power import next_dvfs_event
 from .state import State
 from .status import INF, count_reasons, warp_status
 
@@ -28,7 +29,7 @@ def ticks_until_cycle(
     The n-th future edge comes after `ceil((n F - acc) / f)` ticks (phase accumulator).
     """
     n = jnp.clip(cycle_index - state.cycle + 1, 1, _MAX_AHEAD_CYCLES)
-    f = jnp.maximum(launch.sm_freq_mhz, 1)
+    f = jnp.maximum(state.freq, 1)
     return (n * launch.tick_mhz - state.acc + f - 1) // f
 
 
@@ -40,7 +41,7 @@ def cycles_in_ticks(
     Splits ticks = a F + b so that nothing overflows int32: a F f is a whole a f cycles.
     """
     a, b = ticks // launch.tick_mhz, ticks % launch.tick_mhz
-    f = launch.sm_freq_mhz
+    f = state.freq
     partial = state.acc + b * f
     return a * f + partial // launch.tick_mhz, partial % launch.tick_mhz
 
@@ -58,6 +59,8 @@ def skip_to_next_event(state: State, launch: Launch, shapes: Shapes, done: Array
     nxt = jnp.where((nxt < INF) & ~done, nxt, k + 1)  # nothing pending only after the last CTA
     # A held dispatch depends on the tick itself (section 9): look again at the next tick.
     nxt = jnp.where(state.dispatch_hold, k + 1, nxt)
+    # Clocks change only at DVFS events (section 12): never skip past one.
+    nxt = jnp.minimum(nxt, next_dvfs_event(state, launch))
     skipped = nxt - k - 1
 
     cycles, acc = cycles_in_ticks(state, launch, skipped)

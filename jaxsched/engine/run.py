@@ -21,6 +21,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int
 from .. import clocks as clocks_mod
 from ..arch import Arch
 from ..clocks import Clocks
+from ..dvfs import Dvfs, off, validate_dvfs
 from ..errors import check
 from ..kernel import Kernel
 from ..lower import (DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, policy_index, shapes_for,
@@ -28,6 +29,7 @@ from ..lower import (DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, po
 from .cycle import run_tick
 from .dispatch import dispatch, variation_tables
 from .events import skip_to_next_event
+from .power import domains, dvfs_step, final_outputs, initial_dvfs
 from .state import STALL_REASONS, State, initial_state
 
 MAX_TICKS = 1 << 30  # ~0.54 s at 1.98 GHz; int32 ticks leave headroom above it
@@ -44,6 +46,7 @@ class Result(eqx.Module):
     sm_cycles: Int[Array, " sm"]
     sm_busy_cycles: Int[Array, " sm"]
     sm_issued: Int[Array, " sm"]
+    sm_issued_op: Int[Array, "sm op"]  # by isa.Op class
     sm_active_lanes: Int[Array, " sm"]
     sm_warp_cycles: Int[Array, " sm"]
     sm_stalls: Int[Array, "sm reason"]
@@ -51,6 +54,14 @@ class Result(eqx.Module):
     cta_sm: Int[Array, " grid"]
     cta_start_tick: Int[Array, " grid"]
     cta_end_tick: Int[Array, " grid"]
+    # DVFS (docs/model.md section 12; zeros and trace_tick -1 with DVFS off)
+    sm_energy_pj: Int[Array, " sm"]
+    sm_clock_end_mhz: Int[Array, " sm"]
+    sm_temp_end_mk: Int[Array, " sm"]
+    trace_tick: Int[Array, " row"]
+    trace_mhz: Int[Array, "row sm"]
+    trace_mw: Int[Array, "row sm"]
+    trace_mk: Int[Array, "row sm"]
     max_warps_per_sm: int = eqx.field(static=True)
 
     stall_reasons = STALL_REASONS
@@ -73,6 +84,17 @@ class Result(eqx.Module):
         return np.sum(np.asarray(self.sm_active_lanes), axis=-1) / np.maximum(32 * issued, 1)
 
     @property
+    def sm_power_w(self) -> np.ndarray:
+        """Mean power per SM over the makespan (DVFS on), W."""
+        return np.asarray(self.sm_energy_pj) / np.asarray(self.makespan_ns)[..., None] * 1e-3
+
+    @property
+    def trace_us(self) -> np.ndarray:
+        """Times of the clock-trace rows, microseconds (NaN where unused)."""
+        t = np.asarray(self.trace_tick, dtype=np.float64)
+        return np.where(t >= 0, t / np.asarray(self.tick_mhz)[..., None], np.nan)
+
+    @property
     def cta_start_ns(self) -> np.ndarray:
         return np.asarray(self.cta_start_tick) * 1000.0 / np.asarray(self.tick_mhz)[..., None]
 
@@ -85,17 +107,21 @@ def run_launch(launch: Launch, shapes: Shapes, max_ticks: int) -> State:
     """The event loop of one configuration (vmappable)."""
 
     variation = variation_tables(launch, shapes)
+    doms = domains(launch)
 
     def step(state: State) -> State:
         state = run_tick(state, launch, shapes)
         state = dispatch(state, launch, shapes, variation, state.tick)
+        state = dvfs_step(state, launch, shapes, doms)
         return skip_to_next_event(state, launch, shapes, state.ctas_done >= launch.n_ctas)
 
     def running(state: State) -> Array:
         return (state.ctas_done < launch.n_ctas) & (state.tick < max_ticks)
 
     start = initial_state(shapes)
-    start = dataclasses.replace(start, dispatch_est=jnp.full_like(start.dispatch_est, launch.ema_prior_ticks))
+    freq, dv = initial_dvfs(launch, start.dvfs)
+    start = dataclasses.replace(start, freq=freq, dvfs=dv,
+                                dispatch_est=jnp.full_like(start.dispatch_est, launch.ema_prior_ticks))
     return jax.lax.while_loop(running, step, start)
 
 
@@ -109,12 +135,13 @@ def _run_config(
     dispatch_weight: Array,
     ema_alpha: Array,
     ema_prior_ns: Array,
+    dvfs: Dvfs,
     *,
     shapes: Shapes,
     max_ticks: int,
 ) -> Result:
     launch = lower(arch, kernel, clocks, warp_policy, dispatch_policy, dispatch_start,
-                   dispatch_weight, ema_alpha, ema_prior_ns)
+                   dispatch_weight, ema_alpha, ema_prior_ns, dvfs)
     final = run_launch(launch, shapes, max_ticks)
     c = final.counters
     ticks = final.last_exit_tick + 1
@@ -129,6 +156,7 @@ def _run_config(
         sm_cycles=c.sm_cycles,
         sm_busy_cycles=c.sm_busy_cycles,
         sm_issued=c.sm_issued,
+        sm_issued_op=c.sm_issued_op,
         sm_active_lanes=c.sm_active_lanes,
         sm_warp_cycles=c.sm_warp_cycles,
         sm_stalls=c.sm_stalls,
@@ -136,6 +164,7 @@ def _run_config(
         cta_sm=c.cta_sm,
         cta_start_tick=c.cta_start_tick,
         cta_end_tick=c.cta_end_tick,
+        **final_outputs(final, launch),
         max_warps_per_sm=shapes.warp_slots,
     )
 
@@ -151,6 +180,17 @@ def _dispatch_inputs(arch: Arch, clocks: Clocks, weight, alpha: float, prior_ns:
     validate_dispatch(arch, weight, alpha, prior_ns)
     w = np.asarray(clocks.sm_freq_mhz if weight is None else weight, dtype=np.int32)
     return w, np.float32(alpha), np.float32(prior_ns)
+
+
+def _dvfs_input(arch: Arch, dvfs: Dvfs | None) -> Dvfs:
+    dvfs = off(arch) if dvfs is None else dvfs
+    validate_dvfs(dvfs)
+    return dvfs
+
+
+def _trace_len(n: int) -> int:
+    check(isinstance(n, (int, np.integer)) and 0 <= n <= 1 << 16, "trace_len", n, "an integer in 0 .. 65536")
+    return int(n)
 
 
 def _check_done(result: Result, max_ticks: int) -> None:
@@ -170,6 +210,8 @@ def simulate(
     dispatch_weight: ArrayLike | None = None,
     ema_alpha: float = 0.25,
     ema_prior_ns: float = 0.0,
+    dvfs: Dvfs | None = None,
+    trace_len: int = 0,
     max_ticks: int = MAX_TICKS,
 ) -> Result:
     """Simulate one kernel launch on one chip.
@@ -178,6 +220,9 @@ def simulate(
     (hardware, round_robin, least_loaded, weighted, closed_loop; docs/model.md section 9).
     `dispatch_start` rotates the hardware SM order; `dispatch_weight` (per SM slot, default the
     SM clocks in MHz) drives `weighted`; `ema_alpha` and `ema_prior_ns` drive `closed_loop`.
+    `dvfs` (`jaxsched.dvfs.default(arch)`, `locked(...)`; default static clocks) turns on the
+    power, thermal and clock-controller model with `clocks` as each SM's cap (section 12), and
+    `trace_len` rows of the clock trace are kept.
     """
     clocks = clocks_mod.uniform(arch) if clocks is None else clocks
     validate(arch, kernel, clocks)
@@ -186,9 +231,11 @@ def simulate(
     wp = np.int32(policy_index(warp_policy, WARP_POLICIES, "warp_policy"))
     dp = np.int32(policy_index(dispatch, DISPATCH_POLICIES, "dispatch"))
     extra = _dispatch_inputs(arch, clocks, dispatch_weight, ema_alpha, ema_prior_ns)
+    dvfs = _dvfs_input(arch, dvfs)
+    shapes = dataclasses.replace(shapes_for(arch, kernel), trace_len=_trace_len(trace_len))
     with jax.enable_x64(True):
-        result = _compiled(arch, kernel, clocks, wp, dp, np.int32(dispatch_start), *extra,
-                           shapes=shapes_for(arch, kernel), max_ticks=max_ticks, batched=False)
+        result = _compiled(arch, kernel, clocks, wp, dp, np.int32(dispatch_start), *extra, dvfs,
+                           shapes=shapes, max_ticks=max_ticks, batched=False)
         result = jax.device_get(result)
     _check_done(result, max_ticks)
     return result
@@ -225,13 +272,15 @@ def simulate_batch(
     dispatch_weight: Sequence[ArrayLike | None] | None = None,
     ema_alpha: ArrayLike = 0.25,
     ema_prior_ns: ArrayLike = 0.0,
+    dvfs: Sequence[Dvfs | None] | None = None,
+    trace_len: int = 0,
     max_ticks: int = MAX_TICKS,
 ) -> Result:
     """Simulate N configurations in one vmapped call (one compilation for equal static shapes).
 
     Policies are integer arrays of length N (indices into `WARP_POLICIES`/`DISPATCH_POLICIES`);
     `dispatch_weight` is a list of per-SM weights (or None: the clocks), `ema_alpha` and
-    `ema_prior_ns` scalars or length-N arrays.
+    `ema_prior_ns` scalars or length-N arrays; `dvfs` a list of `Dvfs` (None: static clocks).
     """
     n = len(archs)
     check(len(kernels) == n and len(clocks) == n, "batch", (n, len(kernels), len(clocks)),
@@ -243,7 +292,8 @@ def simulate_batch(
           "every configuration needs the same SM slots, warp/CTA slots and program length "
           "(pad programs with make_kernel(pad_to=...))")
     base = shapes_for(archs[0], kernels[0])
-    shapes = Shapes(**{**base.__dict__, "max_ctas": max(s[-1] for s in shape_set)})
+    shapes = Shapes(**{**base.__dict__, "max_ctas": max(s[-1] for s in shape_set),
+                       "trace_len": _trace_len(trace_len)})
     kernels = [_pad_grid_independent(k) for k in kernels]
     as_i32 = lambda v: np.broadcast_to(np.asarray(v, dtype=np.int32), (n,))  # noqa: E731
     weights = [None] * n if dispatch_weight is None else list(dispatch_weight)
@@ -251,9 +301,12 @@ def simulate_batch(
     priors = np.broadcast_to(np.asarray(ema_prior_ns, dtype=np.float32), (n,))
     extra = [_dispatch_inputs(a, c, w, al, pr) for a, c, w, al, pr in zip(archs, clocks, weights, alphas, priors)]
     extra = tuple(np.stack(col) for col in zip(*extra))
+    dvfs_list = [None] * n if dvfs is None else list(dvfs)
+    check(len(dvfs_list) == n, "dvfs", len(dvfs_list), f"one entry per configuration ({n})")
+    dvfs_stack = stack([_dvfs_input(a, d) for a, d in zip(archs, dvfs_list)])
     with jax.enable_x64(True):
         result = _compiled(stack(archs), stack(kernels), stack(clocks), as_i32(warp_policy),
-                           as_i32(dispatch), as_i32(dispatch_start), *extra, shapes=shapes,
+                           as_i32(dispatch), as_i32(dispatch_start), *extra, dvfs_stack, shapes=shapes,
                            max_ticks=max_ticks, batched=True)
         result = jax.device_get(result)
     _check_done(result, max_ticks)

@@ -10,8 +10,10 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
+from ..isa import Op
 from ..lower import Shapes
 
+INF = jnp.iinfo(jnp.int32).max  # "never" for ticks and cycles
 N_PIPES = 3  # FMA, ALU, SFU: the pipes with an issue interval (isa.Op values 0..2)
 N_STALLS = 8
 STALL_REASONS = (
@@ -41,6 +43,29 @@ class Warps(eqx.Module):
     ready_mem: Int[Array, "sm warp"]  # tick
 
 
+class DvfsState(eqx.Module):
+    """Section 12's controller, power and thermal state. Domain values are replicated on every SM
+    of the domain, so every update is elementwise over SMs."""
+
+    domain_mhz: Int[Array, " sm"]  # fd(cd(s)): the controlled clock of the SM's domain
+    pending_mhz: Int[Array, " sm"]
+    pending_tick: Int[Array, ""]  # INF: no decision in flight
+    droop_mhz: Int[Array, " sm"]
+    pending_droop_mhz: Int[Array, " sm"]
+    droop_tick: Int[Array, ""]  # INF: no droop in flight
+    temp_mk: Int[Array, " sm"]  # int64
+    energy_pj: Int[Array, " sm"]  # int64
+    energy_at_sample_pj: Int[Array, " sm"]  # int64
+    snap_issued_op: Int[Array, "sm op"]  # int64 counters at the last fold
+    snap_cycles: Int[Array, " sm"]  # int64
+    next_sample: Int[Array, ""]
+    n_sample: Int[Array, ""]
+    trace_tick: Int[Array, " row"]
+    trace_mhz: Int[Array, "row sm"]
+    trace_mw: Int[Array, "row sm"]  # int64
+    trace_mk: Int[Array, "row sm"]  # int64
+
+
 class Counters(eqx.Module):
     """Outputs accumulated while running (docs/model.md section 10). Per-SM counts are int64:
     64 warps x 2e9 cycles would overflow int32 within a few milliseconds of simulated time."""
@@ -48,6 +73,7 @@ class Counters(eqx.Module):
     sm_cycles: Int[Array, " sm"]
     sm_busy_cycles: Int[Array, " sm"]
     sm_issued: Int[Array, " sm"]
+    sm_issued_op: Int[Array, "sm op"]  # by isa.Op class
     sm_active_lanes: Int[Array, " sm"]
     sm_warp_cycles: Int[Array, " sm"]
     sm_stalls: Int[Array, "sm reason"]
@@ -59,6 +85,7 @@ class Counters(eqx.Module):
 
 class State(eqx.Module):
     tick: Int[Array, ""]  # the next tick to process
+    freq: Int[Array, " sm"]  # f_s: each SM's clock now, MHz (0 floorswept)
     acc: Int[Array, " sm"]  # clock phase accumulators
     cycle: Int[Array, " sm"]  # cycles executed
     mio: Int[Array, " sm"]  # MIO backlog, cycles
@@ -79,14 +106,17 @@ class State(eqx.Module):
     ctas_done: Int[Array, ""]
     last_exit_tick: Int[Array, ""]
     counters: Counters
+    dvfs: DvfsState
 
 
 def initial_state(shapes: Shapes) -> State:
     s, w, c, j = shapes.n_sm, shapes.warp_slots, shapes.cta_slots, shapes.schedulers
     zi = lambda *shape: jnp.zeros(shape, jnp.int32)  # noqa: E731
     zl = lambda *shape: jnp.zeros(shape, jnp.int64)  # noqa: E731  (needs jax.enable_x64)
+    r, n_op = shapes.trace_len, len(Op)
     return State(
         tick=zi(),
+        freq=zi(s),
         acc=zi(s),
         cycle=zi(s),
         mio=zi(s),
@@ -121,6 +151,7 @@ def initial_state(shapes: Shapes) -> State:
             sm_cycles=zl(s),
             sm_busy_cycles=zl(s),
             sm_issued=zl(s),
+            sm_issued_op=zl(s, n_op),
             sm_active_lanes=zl(s),
             sm_warp_cycles=zl(s),
             sm_stalls=zl(s, N_STALLS),
@@ -128,5 +159,24 @@ def initial_state(shapes: Shapes) -> State:
             cta_sm=jnp.full((shapes.max_ctas,), -1, jnp.int32),
             cta_start_tick=zi(shapes.max_ctas),
             cta_end_tick=zi(shapes.max_ctas),
+        ),
+        dvfs=DvfsState(
+            domain_mhz=zi(s),
+            pending_mhz=zi(s),
+            pending_tick=jnp.full((), INF, jnp.int32),
+            droop_mhz=zi(s),
+            pending_droop_mhz=zi(s),
+            droop_tick=jnp.full((), INF, jnp.int32),
+            temp_mk=zl(s),
+            energy_pj=zl(s),
+            energy_at_sample_pj=zl(s),
+            snap_issued_op=zl(s, n_op),
+            snap_cycles=zl(s),
+            next_sample=zi(),
+            n_sample=zi(),
+            trace_tick=jnp.full((r,), -1, jnp.int32),
+            trace_mhz=zi(r, s),
+            trace_mw=zl(r, s),
+            trace_mk=zl(r, s),
         ),
     )

@@ -13,9 +13,8 @@ from jaxtyping import Array, Bool, Int
 
 from ..isa import Op
 from ..lower import Launch, Shapes
-from .state import N_PIPES, State
+from .state import INF, N_PIPES, State
 
-INF = jnp.iinfo(jnp.int32).max
 
 # Stall-reason codes (index into state.STALL_REASONS); -1 marks an empty or exited slot.
 SELECTED, NOT_SELECTED, LONG_SB, SHORT_SB, WAIT, BARRIER, MIO_THROTTLE, PIPE_THROTTLE = range(8)
