@@ -25,7 +25,7 @@ from .isa import Op
 MODES = ("off", "dvfs", "lock")
 DOMAINS = ("chip", "gpc", "sm")
 T_REF_MK = 25_000  # leakage is specified at 25 C
-MAX_PERIOD_US = 100_000.0  # 0.1 s: keeps window energy x tick rate inside int64
+MAX_PERIOD_US = 100_000.0  # 0.1 s: periods and time constants stay int32 ticks at 10 GHz
 
 
 class Dvfs(eqx.Module):
@@ -117,6 +117,8 @@ def default(arch: Arch, mode: str = "dvfs", **overrides: object) -> Dvfs:
     )
     unknown = set(overrides) - set(values)
     check(not unknown, "dvfs", sorted(unknown), f"known fields: {sorted(values)}")
+    if "period_us" in overrides and "latency_us" not in overrides:
+        overrides = {**overrides, "latency_us": overrides["period_us"]}  # acts one period late
     values.update(overrides)
     for name, known in (("mode", MODES), ("clock_domain", DOMAINS), ("thermal_domain", DOMAINS)):
         v = values[name]
@@ -133,7 +135,8 @@ def off(arch: Arch) -> Dvfs:
 
 
 def locked(arch: Arch, mhz: float) -> Dvfs:
-    """`nvidia-smi -lgc mhz,mhz`: every SM at min(mhz, its cap) for the whole run."""
+    """`nvidia-smi -lgc mhz,mhz`: every SM at min(mhz, its cap) for the whole run (less any
+    activity-dependent droop, which a clock lock does not prevent; off by default)."""
     return default(arch, mode="lock", lock_mhz=mhz)
 
 
@@ -155,7 +158,7 @@ def validate_dvfs(d: Dvfs) -> None:
          f"within [min_mhz, boost_mhz] = [{s['min_mhz']}, {s['boost_mhz']}]")
     need(s["min_mhz"] <= s["lock_mhz"] <= s["boost_mhz"], "lock_mhz",
          f"within [min_mhz, boost_mhz] = [{s['min_mhz']}, {s['boost_mhz']}]")
-    need(0 < s["period_us"] <= MAX_PERIOD_US, "period_us", f"in (0, {MAX_PERIOD_US}] us")
+    need(0 < s["period_us"] <= MAX_PERIOD_US, "period_us", f"in (0, {MAX_PERIOD_US:g}] us")
     need(0 <= s["latency_us"] <= s["period_us"], "latency_us",
          f"in [0, period_us = {s['period_us']}]: one decision in flight at a time")
     need(0 <= s["droop_delay_us"] <= s["period_us"], "droop_delay_us", f"in [0, period_us = {s['period_us']}]")
@@ -168,7 +171,7 @@ def validate_dvfs(d: Dvfs) -> None:
         need(-50 <= s[name] <= 300, name, "a temperature in [-50, 300] C")
     need(0 <= s["thermal_hysteresis_c"] <= 100, "thermal_hysteresis_c", "in [0, 100] K")
     need(0 <= s["r_th_k_per_w"] <= 1e4, "r_th_k_per_w", "in [0, 1e4] K/W")
-    need(0 < s["tau_us"] <= 1e8, "tau_us", "in (0, 1e8] us")
+    need(0 < s["tau_us"] <= MAX_PERIOD_US, "tau_us", f"in (0, {MAX_PERIOD_US:g}] us (int32 ticks at 10 GHz)")
     need(0 < s["v_min_mv"] <= s["v_max_mv"] <= 5000, "v_min_mv",
          f"0 < v_min_mv <= v_max_mv ({s['v_max_mv']}) <= 5000")
     need(v["energy_pj"].shape == (len(Op),), "energy_pj", f"one energy per isa.Op class ({len(Op)},)")

@@ -1,7 +1,7 @@
 """The reference simulator: the oracle for the JAX engine.
 
 This module is a plain-Python (numpy and the standard library only, no JAX) implementation of
-the cycle-by-cycle model in `docs/model.md`, sections 2 and 4-10. It favours clarity over speed:
+the cycle-by-cycle model in `docs/model.md`, sections 2, 4-10 and 12. It favours clarity over speed:
 it executes every global tick in turn (no event skipping, section 11 is the JAX engine's
 business) and keeps the state of every SM, CTA slot and warp slot in ordinary Python objects.
 All arithmetic on simulated quantities is on Python integers, so runs are exact and
@@ -9,15 +9,18 @@ deterministic; the JAX engine must reproduce every integer output array exactly.
 
 Entry points:
 - `simulate_launch(launch, shapes)`: run one lowered `Launch` (numpy leaves, see
-  `lower.to_numpy`) with its static `Shapes`; returns the exact output arrays of section 10.
-- `simulate(arch, kernel, clocks)`: validate, lower and run one configuration; adds
+  `lower.to_numpy`) with its static `Shapes`; returns the exact output arrays of sections 10
+  and 12.
+- `simulate(arch, kernel, clocks, dvfs=...)`: validate, lower and run one configuration; adds
   `makespan_ns` and `makespan_cycles`. Only this wrapper touches the (jax.numpy) lowering in
   `jaxsched.lower`; the simulation itself is plain Python.
 
 Order of events (the contract's sections in parentheses):
 - tick `k` (8): every SM whose phase accumulator overflows executes one cycle (2), SMs in index
   order; then CTA dispatch (9: hardware, round_robin, least_loaded, weighted, closed_loop);
-  then the L2 and DRAM queues drain by one tick (1024 units).
+  then the L2 and DRAM queues drain by one tick (1024 units); then, unless DVFS is off, the
+  DVFS step (12: apply clocks, apply droop, sample, apply again, recompute every `f_s`), whose
+  clocks the phase accumulators add from tick `k + 1`.
 - SM cycle (7): stall reasons, eligibility, busy and warp-cycle counts from the start-of-cycle
   state; schedulers `0 .. schedulers-1` select and issue in index order (the order matters for
   the MIO backlog and the chip-wide memory queues); then barrier releases and CTA completions;
@@ -27,8 +30,11 @@ Order of events (the contract's sections in parentheses):
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
+from .errors import check
 from .isa import Op
 
 MASK32 = 0xFFFFFFFF
@@ -192,6 +198,7 @@ class SM:
         # counters (section 10)
         self.busy = 0
         self.issued = 0
+        self.issued_op = [0] * len(Op)  # issued instructions per isa.Op class
         self.active_lanes = 0
         self.warp_cycles = 0
         self.stalls = [0] * len(STALL_REASONS)
@@ -219,6 +226,247 @@ class Chip:
 
 def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+# --- section 12: DVFS --------------------------------------------------------------------------
+
+DVFS_OFF, DVFS_ON, DVFS_LOCK = range(3)  # DvfsLaunch.mode (jaxsched.dvfs.MODES)
+NOISE_STREAM = 6  # the sensor noise is h(6, n, id(d)), keyed by dvfs_seed
+T_REF_MK = 25_000  # leakage is specified at 25 C
+
+
+def sensor_noise_mw(dvfs_seed: int, n: int, domain_id: int, noise_mw: int) -> int:
+    """The power sensor's reading error of clock domain `domain_id` at sample `n`, uniform in
+    `[-noise_mw, noise_mw]`: `(h(6, n, id) mod (2 noise_mw + 1)) - noise_mw` (section 12)."""
+    return hash3(dvfs_seed, NOISE_STREAM, n, domain_id) % (2 * noise_mw + 1) - noise_mw
+
+
+def _groups(domain_of: list[int], sms: list[SM]) -> dict[int, list[SM]]:
+    """Enabled SMs by domain id (0, the GPC index or the SM index), domains in id order."""
+    groups: dict[int, list[SM]] = {}
+    for sm in sms:
+        if sm.enabled:
+            groups.setdefault(domain_of[sm.index], []).append(sm)
+    return dict(sorted(groups.items()))
+
+
+class Dvfs:
+    """Section 12's state and steps: domain clocks, droop, temperatures, energies and the
+    controller's schedule (the simulated state, not `jaxsched.dvfs.Dvfs`, the parameters).
+
+    It sets `sm.freq` (the `f_s` the phase accumulators add) at the start of the run and after
+    every step, and reads the SMs' counters (`issued_op`, `cycle`) for the energy folds.
+
+    Floorswept SMs (our reading; the document only says that their outputs are zero): they
+    belong to no domain (they count in neither `n(d)` nor `N`), their `f_s` stays 0 (no clock),
+    their power is 0 and their temperature and energy are held at 0, so every floorswept column
+    of every output, trace included, is 0. A domain with no enabled SM does not exist.
+    """
+
+    def __init__(self, p, sms: list[SM], F: int, trace_len: int) -> None:
+        i = lambda v: int(np.asarray(v))  # noqa: E731
+        ints = lambda a: [int(v) for v in np.asarray(a).reshape(-1)]  # noqa: E731
+        self.mode = i(p.mode)
+        self.sms = sms
+        self.F = F
+        self.f_min, self.f_max, self.bin = i(p.f_min_mhz), i(p.f_max_mhz), i(p.bin_mhz)
+        self.P, self.L, self.D = i(p.period_ticks), i(p.latency_ticks), i(p.droop_delay_ticks)
+        self.tau = i(p.tau_ticks)
+        self.cap_mw, self.uncore_mw, self.noise_mw = i(p.cap_mw), i(p.uncore_mw), i(p.noise_mw)
+        self.leak_mw, self.leak_pm = i(p.leak_mw), i(p.leak_pm)
+        self.ambient_mk, self.limit_mk, self.hyst_mk = i(p.ambient_mk), i(p.limit_mk), i(p.hyst_mk)
+        self.r_mk = i(p.r_mk)
+        self.v_min, self.v_max = i(p.v_min_mv), i(p.v_max_mv)
+        self.e_op, self.e_cycle = ints(p.e_op_pj), i(p.e_cycle_pj)
+        self.droop_m, self.seed, self.trace_every = i(p.droop_m), i(p.seed), i(p.trace_every)
+        if self.mode not in (DVFS_ON, DVFS_LOCK):
+            raise ValueError(f"Dvfs state needs mode dvfs (1) or lock (2), got {self.mode}")
+        if self.P < 1 or self.tau < 1 or self.trace_every < 1 or self.v_max < 1:
+            raise ValueError("period_ticks, tau_ticks, trace_every and v_max_mv must be >= 1")
+        if not (0 <= self.L <= self.P and 0 <= self.D <= self.P):
+            raise ValueError(f"latency {self.L} and droop delay {self.D} ticks must be in 0..P = {self.P}")
+        if len(self.e_op) != len(Op):
+            raise ValueError(f"e_op_pj has {len(self.e_op)} entries, isa.Op has {len(Op)}")
+        n_sm = len(sms)
+        self.cap_mhz = [sm.freq for sm in sms]  # the static map cap_s (0 if floorswept)
+        self.cd = ints(p.clock_domain)
+        self.clock_domains = _groups(self.cd, sms)
+        self.thermal_domains = _groups(ints(p.thermal_domain), sms)
+        self.n_enabled = sum(1 for sm in sms if sm.enabled)
+        # per clock domain: fd (f_init is already lock_mhz in lock mode), the pending clocks
+        self.fd = {d: i(p.f_init_mhz) for d in self.clock_domains}
+        self.pending_fd: dict[int, int] | None = None
+        self.clocks_at: int | None = None  # tick at which pending_fd applies
+        # per SM
+        self.droop = [0] * n_sm
+        self.pending_droop: list[int] | None = None
+        self.droop_at: int | None = None
+        self.temp_mk = [i(p.temp0_mk) if sm.enabled else 0 for sm in sms]
+        self.energy_pj = [0] * n_sm  # E_s
+        self.energy_prev_pj = [0] * n_sm  # E'_s, at the previous sample
+        self.snap_op = [[0] * len(Op) for _ in sms]  # counters at the last fold
+        self.snap_cycles = [0] * n_sm
+        # chip-wide
+        self.next_sample = i(p.phase_ticks)
+        self.n = 0  # samples taken
+        self.trace_tick = [-1] * trace_len
+        self.trace_mhz = [[0] * n_sm for _ in range(trace_len)]
+        self.trace_mw = [[0] * n_sm for _ in range(trace_len)]
+        self.trace_mk = [[0] * n_sm for _ in range(trace_len)]
+        self.recompute_clocks()
+
+    # V-f curve and clocks
+
+    def voltage_mv(self, f: int) -> int:
+        """`V(f)`: linear from `v_min` at `f_min` to `v_max` at `f_max`, clamped."""
+        if self.f_max == self.f_min:
+            return self.v_max
+        f = min(max(f, self.f_min), self.f_max)
+        return self.v_min + (self.v_max - self.v_min) * (f - self.f_min) // (self.f_max - self.f_min)
+
+    def sm_voltage_mv(self, sm: SM) -> int:
+        """`V_s = V(fd(cd(s)))`: an SM runs at its clock domain's voltage."""
+        return self.voltage_mv(self.fd[self.cd[sm.index]])
+
+    def recompute_clocks(self) -> None:
+        """`f_s = max(1, min(fd(cd(s)), cap_s) - droop_s)` for enabled SMs (0 if floorswept)."""
+        for sm in self.sms:
+            if sm.enabled:
+                s = sm.index
+                sm.freq = max(1, min(self.fd[self.cd[s]], self.cap_mhz[s]) - self.droop[s])
+
+    # energy
+
+    def fold(self, sm: SM) -> None:
+        """Energy fold: the activity since the last fold at the SM's present voltage."""
+        s = sm.index
+        activity_pj = sum(e * (now - then) for e, now, then in
+                          zip(self.e_op, sm.issued_op, self.snap_op[s]))
+        activity_pj += self.e_cycle * (sm.cycle - self.snap_cycles[s])
+        v = self.sm_voltage_mv(sm)
+        self.energy_pj[s] += activity_pj * (v * v * 1024 // (self.v_max * self.v_max)) // 1024
+        self.snap_op[s] = list(sm.issued_op)
+        self.snap_cycles[s] = sm.cycle
+
+    def fold_all(self) -> None:
+        for sm in self.sms:
+            if sm.enabled:  # a floorswept SM has no activity and no voltage
+                self.fold(sm)
+
+    # the step's parts, in the document's order
+
+    def apply_clocks(self, k: int) -> None:
+        """Step 1: pending domain clocks that apply at `k` take effect (after a fold at the old
+        voltage, so that V is constant between folds)."""
+        if self.clocks_at == k:
+            self.fold_all()
+            self.fd = dict(self.pending_fd)
+            self.pending_fd, self.clocks_at = None, None
+
+    def apply_droop(self, k: int) -> None:
+        """Step 2: a pending droop that applies at `k` takes effect."""
+        if self.droop_at == k:
+            self.droop = list(self.pending_droop)
+            self.pending_droop, self.droop_at = None, None
+
+    def sm_power_mw(self, sm: SM) -> int:
+        """`p_s = pd_s + ps_s` of an enabled SM at a sample (after the fold)."""
+        s = sm.index
+        window_pj = self.energy_pj[s] - self.energy_prev_pj[s]
+        self.energy_prev_pj[s] = self.energy_pj[s]
+        # the window is the last P ticks (P * 1000 / F ns); pJ per ns is mW
+        dynamic = window_pj * self.F // (1000 * self.P)
+        v = self.sm_voltage_mv(sm)
+        static = max(0, (self.leak_mw * v // self.v_max)
+                     * (1000 + self.leak_pm * (self.temp_mk[s] - T_REF_MK) // 1000) // 1000)
+        return dynamic + static
+
+    def update_temperatures(self, p_mw: list[int]) -> None:
+        """First-order RC per thermal domain, one explicit step of `min(P, tau)` ticks toward the
+        target set by the domain's power (its SMs' resistances in parallel)."""
+        for members in self.thermal_domains.values():
+            total_mw = sum(p_mw[sm.index] for sm in members)
+            target = self.ambient_mk + total_mw * (self.r_mk // len(members)) // 1000
+            temp = self.temp_mk[members[0].index]  # one value per thermal domain
+            temp += (target - temp) * min(self.P, self.tau) // self.tau
+            for sm in members:
+                self.temp_mk[sm.index] = temp
+
+    def decide(self, d: int, members: list[SM], p_mw: list[int]) -> int:
+        """The controller's next clock for clock domain `d` (one bin down, up or stay)."""
+        f = self.fd[d]
+        if self.mode == DVFS_LOCK:
+            return f
+        n_d = len(members)
+        power = (sum(p_mw[sm.index] for sm in members) + self.uncore_mw * n_d // self.n_enabled
+                 + sensor_noise_mw(self.seed, self.n, d, self.noise_mw))
+        cap = self.cap_mw * n_d // self.n_enabled
+        temp = max(self.temp_mk[sm.index] for sm in members)
+        if power > cap or temp >= self.limit_mk:
+            return max(self.f_min, f - self.bin)
+        if f < self.f_max and power * (f + self.bin) <= cap * f and temp < self.limit_mk - self.hyst_mk:
+            return min(self.f_max, f + self.bin)
+        return f
+
+    def sample(self, k: int) -> None:
+        """Step 3: sample number `n` at tick `k`: power, temperature, the controller's decision,
+        the droop, a trace row."""
+        self.fold_all()
+        p_mw = [self.sm_power_mw(sm) if sm.enabled else 0 for sm in self.sms]
+        self.update_temperatures(p_mw)
+        self.pending_fd = {d: self.decide(d, members, p_mw) for d, members in self.clock_domains.items()}
+        self.clocks_at = k + self.L
+        # activity-dependent IR drop, in whole bins
+        self.pending_droop = [self.bin * ((pw * self.droop_m // 1_000_000) // self.bin) for pw in p_mw]
+        self.droop_at = k + self.D
+        row, keep = divmod(self.n, self.trace_every)
+        if keep == 0 and row < len(self.trace_tick):
+            self.trace_tick[row] = k
+            self.trace_mhz[row] = [sm.freq for sm in self.sms]  # f_s in effect during tick k
+            self.trace_mw[row] = list(p_mw)
+            self.trace_mk[row] = list(self.temp_mk)
+        self.next_sample += self.P
+        self.n += 1
+
+    def step(self, k: int) -> None:
+        """The DVFS step at tick `k`, after the tick's SM cycles, dispatch and queue drain; the
+        recomputed `f_s` apply from tick `k + 1`."""
+        self.apply_clocks(k)
+        self.apply_droop(k)
+        if k == self.next_sample:
+            self.sample(k)
+        self.apply_clocks(k)  # L = 0 acts in the sample's own tick
+        self.apply_droop(k)  # D = 0 likewise
+        self.recompute_clocks()
+
+    def finish(self) -> dict:
+        """Section 12's outputs after the last tick (a final fold first)."""
+        self.fold_all()
+        i64 = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
+        n_sm = len(self.sms)
+        return {
+            "sm_energy_pj": i64(self.energy_pj),
+            "sm_clock_end_mhz": i64([sm.freq for sm in self.sms]),
+            "sm_temp_end_mk": i64(self.temp_mk),
+            "trace_tick": i64(self.trace_tick),
+            "trace_mhz": i64(self.trace_mhz).reshape(-1, n_sm),
+            "trace_mw": i64(self.trace_mw).reshape(-1, n_sm),
+            "trace_mk": i64(self.trace_mk).reshape(-1, n_sm),
+        }
+
+
+def dvfs_off_outputs(n_sm: int, trace_len: int) -> dict:
+    """Section 12's outputs with DVFS off: all 0, trace ticks -1."""
+    zeros = lambda *shape: np.zeros(shape, dtype=np.int64)  # noqa: E731
+    return {
+        "sm_energy_pj": zeros(n_sm),
+        "sm_clock_end_mhz": zeros(n_sm),
+        "sm_temp_end_mk": zeros(n_sm),
+        "trace_tick": np.full(trace_len, -1, dtype=np.int64),
+        "trace_mhz": zeros(trace_len, n_sm),
+        "trace_mw": zeros(trace_len, n_sm),
+        "trace_mk": zeros(trace_len, n_sm),
+    }
 
 
 # --- the simulation ----------------------------------------------------------------------------
@@ -269,6 +517,12 @@ class _Sim:
                 and any(sm.weight < 1 for sm in self.enabled_sms)):
             raise ValueError("weighted dispatch needs a weight >= 1 on every enabled SM")
         self.chip = Chip(self.n_ctas, shapes.n_sm, self.ema_prior_ticks)
+        mode = int(launch.dvfs.mode)
+        if mode not in (DVFS_OFF, DVFS_ON, DVFS_LOCK):
+            raise ValueError(f"unknown DVFS mode {mode}")
+        # section 12: with DVFS off the static map is f_s for the whole run
+        self.dvfs = None if mode == DVFS_OFF else Dvfs(launch.dvfs, self.sms, self.F, shapes.trace_len)
+        self.clock_log: list[list[int]] | None = None  # f_s of every tick, when asked for
 
     # section 9 ---------------------------------------------------------------------------------
 
@@ -436,6 +690,7 @@ class _Sim:
             warp.active = False
             sm.live[warp.cta_slot] -= 1
         sm.issued += 1
+        sm.issued_op[op] += 1
         sm.active_lanes += prog.active_lanes(i, warp.lanes, warp.if_lanes, warp.else_lanes)
         if i == prog.loop_end and warp.trips_left > 1:
             warp.trips_left -= 1
@@ -504,7 +759,10 @@ class _Sim:
     # sections 2 and 8 --------------------------------------------------------------------------
 
     def tick(self, k: int) -> None:
-        """Section 8: SM cycles in SM index order, then dispatch, then the queues drain."""
+        """Section 8: SM cycles in SM index order, then dispatch, then the queues drain, then
+        the DVFS step (if DVFS is on)."""
+        if self.clock_log is not None:
+            self.clock_log.append([sm.freq for sm in self.sms])
         for sm in self.sms:
             if sm.freq <= 0:
                 continue  # floorswept: no clock
@@ -515,6 +773,8 @@ class _Sim:
         self.dispatch(k)
         self.chip.q_l2 = max(0, self.chip.q_l2 - QUEUE_ONE_TICK)
         self.chip.q_dram = max(0, self.chip.q_dram - QUEUE_ONE_TICK)
+        if self.dvfs is not None:
+            self.dvfs.step(k)
 
     def run(self, max_ticks: int) -> int:
         """Run ticks until the tick in which the last CTA completes; return makespan_ticks."""
@@ -529,41 +789,57 @@ class _Sim:
         )
 
     def outputs(self, makespan_ticks: int) -> dict:
-        """Section 10's exact output arrays."""
+        """Section 10's and section 12's exact output arrays."""
         i64 = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
+        n_sm = len(self.sms)
+        dvfs = (self.dvfs.finish() if self.dvfs is not None
+                else dvfs_off_outputs(n_sm, self.shapes.trace_len))
         return {
             "makespan_ticks": int(makespan_ticks),
             "sm_cycles": i64([sm.cycle for sm in self.sms]),
             "sm_busy_cycles": i64([sm.busy for sm in self.sms]),
             "sm_issued": i64([sm.issued for sm in self.sms]),
+            "sm_issued_op": i64([sm.issued_op for sm in self.sms]).reshape(n_sm, len(Op)),
             "sm_active_lanes": i64([sm.active_lanes for sm in self.sms]),
             "sm_warp_cycles": i64([sm.warp_cycles for sm in self.sms]),
-            "sm_stalls": i64([sm.stalls for sm in self.sms]).reshape(len(self.sms), len(STALL_REASONS)),
+            "sm_stalls": i64([sm.stalls for sm in self.sms]).reshape(n_sm, len(STALL_REASONS)),
             "sm_ctas": i64([sm.ctas for sm in self.sms]),
             "cta_sm": i64(self.chip.cta_sm),
             "cta_start_tick": i64(self.chip.cta_start),
             "cta_end_tick": i64(self.chip.cta_end),
+            **dvfs,
         }
 
 
 def simulate_launch(launch, shapes, max_ticks: int = 10**7, *,
-                    dispatch_trace: bool = False) -> dict:
-    """Run one `Launch` (numpy leaves) tick by tick; return section 10's exact output arrays.
+                    dispatch_trace: bool = False, clock_trace: bool = False) -> dict:
+    """Run one `Launch` (numpy leaves) tick by tick; return sections 10's and 12's exact output
+    arrays.
 
     Keys: `makespan_ticks` (int); int64 arrays `sm_cycles`, `sm_busy_cycles`, `sm_issued`,
-    `sm_active_lanes`, `sm_warp_cycles`, `sm_ctas` ([n_sm]), `sm_stalls` ([n_sm, 8], columns in
-    `STALL_REASONS` order), `cta_sm`, `cta_start_tick`, `cta_end_tick` ([n_ctas], grid order).
-    With `dispatch_trace=True` (a debugging aid, not a section 10 output) also `dispatch_est`
-    (int64 [n_sm], the closed-loop estimates at the end of the run, kept under every policy) and
-    `dispatch_est_log` (every estimate update in order, as `(tick, sm, cta, duration, est after)`).
+    `sm_active_lanes`, `sm_warp_cycles`, `sm_ctas` ([n_sm]), `sm_issued_op` ([n_sm, 8], columns
+    in `isa.Op` order), `sm_stalls` ([n_sm, 8], columns in `STALL_REASONS` order), `cta_sm`,
+    `cta_start_tick`, `cta_end_tick` ([n_ctas], grid order); section 12's `sm_energy_pj`,
+    `sm_clock_end_mhz`, `sm_temp_end_mk` ([n_sm]), `trace_tick` ([shapes.trace_len], -1 where
+    unused), `trace_mhz`, `trace_mw`, `trace_mk` ([trace_len, n_sm], 0 where unused); with DVFS
+    off all of these are 0 (trace ticks -1).
+    Debugging aids (not outputs of the model): `dispatch_trace=True` adds `dispatch_est` (int64
+    [n_sm], the closed-loop estimates at the end of the run, kept under every policy) and
+    `dispatch_est_log` (every estimate update in order, as `(tick, sm, cta, duration, est
+    after)`); `clock_trace=True` adds `sm_mhz_per_tick` (int64 [makespan_ticks, n_sm], the `f_s`
+    each SM's phase accumulator added in each tick).
     Raises RuntimeError if the last CTA has not completed after `max_ticks` ticks.
     """
     sim = _Sim(launch, shapes)
+    if clock_trace:
+        sim.clock_log = []
     makespan = sim.run(max_ticks)
     out = sim.outputs(makespan)
     if dispatch_trace:
         out["dispatch_est"] = np.asarray(sim.chip.est, dtype=np.int64)
         out["dispatch_est_log"] = list(sim.chip.est_log)
+    if clock_trace:
+        out["sm_mhz_per_tick"] = np.asarray(sim.clock_log, dtype=np.int64).reshape(makespan, len(sim.sms))
     return out
 
 
@@ -580,29 +856,40 @@ def simulate(
     ema_prior_ns: float = 0.0,
     max_ticks: int = 10**7,
     dispatch_trace: bool = False,
+    dvfs=None,
+    trace_len: int = 0,
+    clock_trace: bool = False,
 ) -> dict:
     """Validate, lower and run one configuration with the reference.
 
     `dispatch_weight` ([n_sm] integers, default each SM's clock in MHz), `ema_alpha` and
     `ema_prior_ns` parameterise the weighted and closed-loop dispatch policies (model.md
-    sections 3 and 9). Returns `simulate_launch`'s arrays plus `makespan_ns = makespan_ticks *
-    1000 / F` and `makespan_cycles = makespan_ns * boost_clock_ghz` (floats; section 2).
+    sections 3 and 9). `dvfs` (a `jaxsched.dvfs.Dvfs`, default static clocks) turns on section
+    12, with `clocks` as the static map `cap_s`; `trace_len` is the number of trace rows.
+    Returns `simulate_launch`'s arrays plus `makespan_ns = makespan_ticks * 1000 / F` and
+    `makespan_cycles = makespan_ns * boost_clock_ghz` (floats; section 2).
     """
     # The shared lowering is written in jax.numpy; only this convenience wrapper needs it.
     from . import clocks as clocks_mod
+    from . import dvfs as dvfs_mod
     from . import lower as lower_mod
 
     if clocks is None:
         clocks = clocks_mod.uniform(arch)
     lower_mod.validate(arch, kernel, clocks)
     lower_mod.validate_dispatch(arch, dispatch_weight, ema_alpha, ema_prior_ns)
+    if dvfs is not None:
+        dvfs_mod.validate_dvfs(dvfs)
+    check(isinstance(trace_len, (int, np.integer)) and 0 <= trace_len <= 2**20, "trace_len",
+          trace_len, "an integer number of trace rows in 0 .. 2^20")
     wp = lower_mod.policy_index(warp_policy, lower_mod.WARP_POLICIES, "warp_policy")
     dp = lower_mod.policy_index(dispatch, lower_mod.DISPATCH_POLICIES, "dispatch")
     launch = lower_mod.to_numpy(lower_mod.lower(
         arch, kernel, clocks, wp, dp, dispatch_start, dispatch_weight=dispatch_weight,
-        ema_alpha=ema_alpha, ema_prior_ns=ema_prior_ns))
-    shapes = lower_mod.shapes_for(arch, kernel)
-    out = simulate_launch(launch, shapes, max_ticks=max_ticks, dispatch_trace=dispatch_trace)
+        ema_alpha=ema_alpha, ema_prior_ns=ema_prior_ns, dvfs=dvfs))
+    shapes = dataclasses.replace(lower_mod.shapes_for(arch, kernel), trace_len=int(trace_len))
+    out = simulate_launch(launch, shapes, max_ticks=max_ticks, dispatch_trace=dispatch_trace,
+                          clock_trace=clock_trace)
     tick_mhz = int(launch.tick_mhz)
     out["makespan_ns"] = out["makespan_ticks"] * 1000.0 / tick_mhz
     out["makespan_cycles"] = out["makespan_ns"] * float(arch.boost_clock_ghz)

@@ -14,7 +14,7 @@ from jaxsched.errors import JaxschedError
 
 from helpers import MAX_GRID, configurations
 
-INT_KEYS = ("sm_cycles", "sm_busy_cycles", "sm_issued", "sm_active_lanes", "sm_warp_cycles",
+INT_KEYS = ("sm_cycles", "sm_busy_cycles", "sm_issued", "sm_issued_op", "sm_active_lanes", "sm_warp_cycles",
             "sm_stalls", "sm_ctas")
 CTA_KEYS = ("cta_sm", "cta_start_tick", "cta_end_tick")
 
