@@ -5,7 +5,11 @@ Workload (issue 3): the H200 preset (132 SMs), 4 waves of 256-thread CTAs (8 CTA
 varies the per-SM clock maps (random, 1.6-1.98 GHz) and the warp policy, so every member is a
 different configuration. Compilation (ahead of time) and the run are timed separately.
 
-    python benchmarks/throughput.py --batch 256 [--reference-configs 1]
+    python benchmarks/throughput.py --batch 256 [--reference-configs 1] [--dvfs]
+
+`--dvfs` turns on the power, thermal and clock-controller model (docs/model.md section 12) with a
+0.5 us controller period, so that several samples and clock changes fall inside each run, and a
+power cap of 80 % of the preset's, so that the controller really moves clocks.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import jax
 import numpy as np
 
 import jaxsched as js
-from jaxsched import clocks, reference
+from jaxsched import clocks, dvfs, reference
 from jaxsched.engine.run import MAX_TICKS, _compiled, stack
 from jaxsched.lower import shapes_for
 from jaxsched.kernel import make_kernel
@@ -47,13 +51,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--trips", type=int, default=4, help="loop trips per warp")
+    parser.add_argument("--dvfs", action="store_true", help="DVFS on (section 12)")
     parser.add_argument("--reference-configs", type=int, default=0,
                         help="also time the plain-Python reference on this many configurations")
     args = parser.parse_args()
     arch, kernel, maps, policies = workload(args.batch, args.trips)
     n = args.batch
+    mode = "dvfs" if args.dvfs else "off"
+    params = dvfs.default(arch, mode=mode, period_us=0.5, latency_us=0.25,
+                          power_cap_w=0.8 * float(arch.power_limit_w))
+    weights = np.stack([np.asarray(m.sm_freq_mhz, np.int32) for m in maps])
     inputs = (stack([arch] * n), stack([kernel] * n), stack(maps), policies.astype(np.int32),
-              np.zeros(n, np.int32), np.zeros(n, np.int32))
+              np.zeros(n, np.int32), np.zeros(n, np.int32), weights, np.full(n, 0.25, np.float32),
+              np.zeros(n, np.float32), stack([params] * n))
     with jax.enable_x64(True):
         t0 = time.perf_counter()
         compiled = _compiled.lower(*inputs, shapes=shapes_for(arch, kernel), max_ticks=MAX_TICKS,
@@ -70,6 +80,7 @@ def main() -> None:
         "sm_count": arch.sm_count,
         "ctas_per_config": int(kernel.grid_ctas),
         "loop_trips": args.trips,
+        "dvfs": mode,
         "mean_makespan_ns": float(np.mean(result.makespan_ns)),
         "mean_makespan_ticks": float(np.mean(result.makespan_ticks)),
         "simulated_sm_cycles": sm_cycles,
@@ -81,7 +92,8 @@ def main() -> None:
         t0 = time.perf_counter()
         ref_cycles = 0
         for i in range(args.reference_configs):
-            r = reference.simulate(arch, kernel, maps[i], warp_policy=int(policies[i]))
+            r = reference.simulate(arch, kernel, maps[i], warp_policy=int(policies[i]),
+                                   dvfs=params if args.dvfs else None)
             ref_cycles += int(np.sum(r["sm_cycles"]))
         ref_seconds = time.perf_counter() - t0
         out["reference_sm_cycles_per_second"] = ref_cycles / ref_seconds
