@@ -21,6 +21,11 @@ Programs are written in a tiny text form (also the TOML `program` field):
     bar                                    # __syncthreads()
     exit                                   # appended if missing
 
+`gsync` is a grid-wide barrier (cooperative groups' `grid.sync()`); it needs a cooperative
+launch (`cooperative=True`: every CTA co-resident) and excludes `bar` in the same program. A
+persistent kernel (`work_items=N`) is a grid of co-resident CTAs whose warps take loop
+iterations from a global queue of N work items instead of running a fixed trip count.
+
 See docs/model.md for what each instruction does, cycle by cycle.
 """
 
@@ -56,6 +61,7 @@ class Kernel(eqx.Module):
     dep: Bool[Array, " instr"]
     bytes_per_warp: Int[Array, " instr"]  # LDG: bytes the warp requests (128 = coalesced fp32)
     bank_ways: Int[Array, " instr"]  # LDS: bank-conflict degree (1 = conflict-free)
+    grid_sync: Bool[Array, " instr"]  # BAR that is a grid-wide barrier (`gsync`)
 
     # structure: one loop [loop_start, loop_end], one if/else [branch_start, branch_mid) /
     # [branch_mid, branch_end); -1 when absent
@@ -73,6 +79,11 @@ class Kernel(eqx.Module):
     l2_hit_rate: Float[Array, ""]  # fraction of LDG bytes served by L2
     seed: Int[Array, ""]
 
+    # launch modes
+    cooperative: Bool[Array, ""]  # cudaLaunchCooperativeKernel: all CTAs must be co-resident
+    grid_sync_ns: Float[Array, ""]  # cost of one grid.sync() after the last warp arrives
+    work_items: Int[Array, ""]  # persistent kernel: global work-queue length (0: off)
+
     @property
     def n_instr(self) -> int:
         return int(self.op.shape[-1])
@@ -89,6 +100,7 @@ class Instr:
     dep: bool = False
     bytes_per_warp: int = 0
     bank_ways: int = 1
+    grid_sync: bool = False
 
 
 @dataclasses.dataclass
@@ -144,9 +156,9 @@ def parse_program(text: str) -> tuple[list[Instr], _Structure]:
                 check(len(instrs) > mid, where, line, "the else-block is empty")
                 struct.branch = (start, mid, len(instrs), p)
         else:
-            check(head in OP_NAMES, where, head, f"unknown instruction; expected one of {OP_NAMES} "
-                  "or loop/if/else/end")
-            op = Op[head.upper()]
+            check(head in OP_NAMES or head == "gsync", where, head,
+                  f"unknown instruction; expected one of {OP_NAMES}, gsync or loop/if/else/end")
+            op = Op.BAR if head == "gsync" else Op[head.upper()]
             if op == Op.EXIT:
                 check(not stack, where, line, "`exit` must be the program's last instruction, "
                       "outside any loop or if/else")
@@ -161,7 +173,8 @@ def parse_program(text: str) -> tuple[list[Instr], _Structure]:
             check(op == Op.LDS or "ways" not in opts, where, line, "ways= applies to lds only")
             check(0 < nbytes <= 4096 or op != Op.LDG, where, nbytes, "ldg bytes per warp in 1..4096")
             check(1 <= ways <= 32, where, ways, "bank-conflict ways in 1..32")
-            instrs.append(Instr(op, dep="dep" in flags, bytes_per_warp=nbytes, bank_ways=ways))
+            instrs.append(Instr(op, dep="dep" in flags, bytes_per_warp=nbytes, bank_ways=ways,
+                                grid_sync=head == "gsync"))
     if stack:
         kind, _, _, opened = stack[-1]
         raise JaxschedError(f"program line {opened}", kind, f"this `{kind}` has no `end`")
@@ -175,6 +188,9 @@ def parse_program(text: str) -> tuple[list[Instr], _Structure]:
         check(inside or outside, "program", "if/else", "must lie wholly inside or outside the loop, "
               "and not end on the loop's last instruction")
     check(len(instrs) >= 2, "program", "empty", "needs at least one instruction before exit")
+    bars = {ins.grid_sync for ins in instrs if ins.op == Op.BAR}
+    check(len(bars) < 2, "program", "bar and gsync", "a program uses either CTA barriers or grid "
+          "barriers (grid.sync() already synchronises the CTA)")
     return instrs, struct
 
 
@@ -215,11 +231,17 @@ def make_kernel(
     seed: int = 0,
     name: str = "kernel",
     pad_to: int | None = None,
+    cooperative: bool = False,
+    grid_sync_ns: float = 1500.0,
+    work_items: int = 0,
 ) -> Kernel:
     """Build a `Kernel` from the program text form and launch parameters.
 
     `pad_to` pads the program with trailing EXITs to a fixed length, so kernels of different
-    programs share one compiled simulation.
+    programs share one compiled simulation. `cooperative` launches it with
+    `cudaLaunchCooperativeKernel` (needed by `gsync`); `grid_sync_ns` is the cost of one grid
+    barrier (a lead: ~1-2 us on Hopper); `work_items > 0` makes it a persistent kernel whose
+    warps take loop iterations from a global queue (see `resident_grid` for its usual grid).
     """
     for field, value, low in (("grid", grid, 1), ("threads", threads, 1), ("regs", regs, 0),
                               ("smem_bytes", smem_bytes, 0), ("static_smem_bytes", static_smem_bytes, 0)):
@@ -229,7 +251,17 @@ def make_kernel(
     check(isinstance(l2_hit_rate, (int, float)) and 0.0 <= l2_hit_rate <= 1.0, "l2_hit_rate",
           l2_hit_rate, "a fraction in [0, 1]")
     check(isinstance(name, str), "name", name, "a string")
+    check(isinstance(cooperative, (bool, np.bool_)), "cooperative", cooperative, "true or false")
+    check(isinstance(grid_sync_ns, (int, float)) and 0.0 <= grid_sync_ns <= 1e6, "grid_sync_ns",
+          grid_sync_ns, "a barrier cost in [0, 1e6] ns")
+    check(isinstance(work_items, (int, np.integer)) and 0 <= work_items < 2**30, "work_items",
+          work_items, "a queue length in 0 .. 2^30 - 1 (0: not persistent)")
     instrs, struct = parse_program(program)
+    if any(ins.grid_sync for ins in instrs):
+        check(bool(cooperative), "program", "gsync", "grid.sync() needs a cooperative launch "
+              "(cooperative = true), as in CUDA")
+    check(work_items == 0 or struct.loop is not None, "work_items", work_items,
+          "a persistent kernel needs a loop: each work item is one iteration of it")
     n = len(instrs)
     if pad_to is not None:
         check(pad_to >= n, "pad_to", pad_to, f"the program has {n} instructions")
@@ -248,6 +280,7 @@ def make_kernel(
         dep=np.asarray([ins.dep for ins in instrs], dtype=bool),
         bytes_per_warp=i32([ins.bytes_per_warp for ins in instrs]),
         bank_ways=i32([ins.bank_ways for ins in instrs]),
+        grid_sync=np.asarray([ins.grid_sync for ins in instrs], dtype=bool),
         loop_start=i32(loop[0]),
         loop_end=i32(loop[1]),
         branch_start=i32(branch[0]),
@@ -259,11 +292,23 @@ def make_kernel(
         branch_if_probability=np.asarray(branch[3], dtype=np.float32),
         l2_hit_rate=np.asarray(l2_hit_rate, dtype=np.float32),
         seed=i32(seed),
+        cooperative=np.asarray(bool(cooperative)),
+        grid_sync_ns=np.asarray(grid_sync_ns, dtype=np.float32),
+        work_items=i32(work_items),
     )
 
 
+def resident_grid(arch, kernel: Kernel) -> int:
+    """The number of CTAs that fit on `arch` at once: a persistent or cooperative kernel's grid."""
+    from .occupancy import occupancy
+
+    occ = occupancy(arch, kernel.threads_per_cta, kernel.regs_per_thread, kernel.dynamic_smem_bytes,
+                    kernel.static_smem_bytes)
+    return int(occ.blocks_per_sm) * arch.sm_count
+
+
 _KERNEL_KEYS = ("name", "program", "grid", "threads", "regs", "smem_bytes", "static_smem_bytes",
-                "l2_hit_rate", "seed")
+                "l2_hit_rate", "seed", "cooperative", "grid_sync_ns", "work_items")
 
 
 def kernel_from_dict(doc: dict, source: str = "<dict>") -> Kernel:

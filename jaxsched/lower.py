@@ -74,6 +74,7 @@ class Launch(eqx.Module):
     mem_lat_ticks: Int[Array, " instr"]
     l2_cost: Int[Array, " instr"]
     dram_cost: Int[Array, " instr"]
+    grid_sync: Bool[Array, " instr"]
     # structure and variation
     loop_start: Int[Array, ""]
     loop_end: Int[Array, ""]
@@ -85,6 +86,8 @@ class Launch(eqx.Module):
     trips_warp_spread: Int[Array, ""]
     branch_threshold: Int[Array, ""]
     seed: Int[Array, ""]
+    grid_sync_ticks: Int[Array, ""]
+    work_items: Int[Array, ""]  # persistent kernel's queue length, 0: off
     dvfs: DvfsLaunch
 
 
@@ -129,6 +132,12 @@ def validate(arch: Arch, kernel: Kernel, clocks: Clocks) -> None:
     check(int(kernel.trips) + int(kernel.trips_warp_spread) < 2**24, "trips", int(kernel.trips), "< 2^24")
     f = np.asarray(clocks.sm_freq_mhz)
     check(f.shape == (arch.n_sm_slots,), "clocks.sm_freq_mhz", f.shape, f"({arch.n_sm_slots},)")
+    if bool(kernel.cooperative):
+        fit = int(occ.blocks_per_sm) * arch.sm_count
+        check(int(kernel.grid_ctas) <= fit, "grid_ctas", int(kernel.grid_ctas),
+              f"a cooperative launch needs every CTA co-resident: at most {int(occ.blocks_per_sm)} "
+              f"CTAs per SM x {arch.sm_count} SMs = {fit} on {arch.name} "
+              "(cudaErrorCooperativeLaunchTooLarge)")
 
 
 def validate_dispatch(arch: Arch, weights: object, ema_alpha: float, ema_prior_ns: float) -> None:
@@ -220,6 +229,7 @@ def lower(
         mem_lat_ticks=jnp.where(is_ldg, _round_i32(mem_lat_ns * ticks_per_ns), 0),
         l2_cost=jnp.where(is_ldg, jnp.maximum(l2_cost, 1), 0),
         dram_cost=jnp.where(is_ldg, dram_cost, 0),
+        grid_sync=jnp.asarray(kernel.grid_sync) & (op == Op.BAR),
         loop_start=i32(kernel.loop_start),
         loop_end=i32(kernel.loop_end),
         branch_start=i32(kernel.branch_start),
@@ -230,6 +240,8 @@ def lower(
         trips_warp_spread=i32(kernel.trips_warp_spread),
         branch_threshold=_round_i32(kernel.branch_if_probability * BRANCH_HASH_ONE),
         seed=i32(kernel.seed),
+        grid_sync_ticks=_round_i32(kernel.grid_sync_ns * ticks_per_ns),
+        work_items=i32(kernel.work_items),
         dvfs=lower_dvfs(dvfs, arch, tick_mhz),
     )
 

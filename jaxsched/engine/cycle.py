@@ -67,6 +67,14 @@ def _count_ops(sel_op: Int[Array, "sm sched"], has: Bool[Array, "sm sched"]) -> 
     return jnp.sum(hit, axis=1, dtype=jnp.int64)
 
 
+def _take_work_items(state: State, launch: Launch, shapes: Shapes, want: Bool[Array, "sm warp"]) -> Bool[Array, "sm warp"]:
+    """Which warps at a persistent loop's back-edge get the next work item: takes are ordered
+    (SM, scheduler), each scheduler issuing at most one, until the queue is empty (section 7)."""
+    count = _per_scheduler(want.astype(jnp.int32), want, shapes)
+    before = _prefix_sum_sm_sched(count) - count
+    return want & (per_warp(before, shapes) < launch.work_items - state.items_taken)
+
+
 def _prefix_sum_sm_sched(x: Int[Array, "sm sched"]) -> Int[Array, "sm sched"]:
     """Inclusive prefix sum in (SM, scheduler) order: within each SM, then across SMs."""
     within = jnp.cumsum(x, axis=1, dtype=jnp.int32)
@@ -129,16 +137,20 @@ def run_tick(state: State, launch: Launch, shapes: Shapes) -> State:
         sel & (op == Op.LDG), jnp.maximum(w.ready_mem, k + st.mem_lat + per_warp(delay, shapes)), w.ready_mem
     )
 
-    # Barrier arrival, exit, next pc.
+    # Barrier arrival (CTA or grid), exit, loop back-edge (trip count or work queue), next pc.
     arrive = sel & (op == Op.BAR)
+    grid_arrive = arrive & launch.grid_sync[w.pc]
     exits = sel & (op == Op.EXIT)
-    back = sel & (w.pc == launch.loop_end) & (w.trips_left > 1)
-    trips_left = jnp.where(back, w.trips_left - 1, w.trips_left)
+    at_end = sel & (w.pc == launch.loop_end)
+    persistent = launch.work_items > 0
+    take = _take_work_items(state, launch, shapes, at_end & persistent)
+    back = jnp.where(persistent, take, at_end & (w.trips_left > 1))
+    trips_left = jnp.where(back & ~persistent, w.trips_left - 1, w.trips_left)
     next_pc = resolve_pc(
         launch, jnp.where(back, launch.loop_start, w.pc + 1), trips_left, w.if_lanes, w.lanes
     )
 
-    cta_arrived = state.cta_arrived + _per_cta(arrive.astype(jnp.int32), launch, shapes)
+    cta_arrived = state.cta_arrived + _per_cta((arrive & ~grid_arrive).astype(jnp.int32), launch, shapes)
     cta_live = state.cta_live - _per_cta(exits.astype(jnp.int32), launch, shapes)
     occupied = state.cta_id >= 0
     release = occupied & (cta_arrived == cta_live) & (cta_arrived > 0)
@@ -174,6 +186,7 @@ def run_tick(state: State, launch: Launch, shapes: Shapes) -> State:
         sm_warp_cycles=counters.sm_warp_cycles + cycles * active_warps,
         sm_stalls=counters.sm_stalls + count_reasons(reason, edge),
         cta_end_tick=counters.cta_end_tick.at[end_ids.reshape(-1)].set(k, mode="drop"),
+        sm_items=counters.sm_items + jnp.sum(take, axis=1, dtype=jnp.int64),
     )
     return replace(
         state,
@@ -190,6 +203,8 @@ def run_tick(state: State, launch: Launch, shapes: Shapes) -> State:
         warps=warps,
         q_l2=state.q_l2 + jnp.sum(l2, dtype=jnp.int32),
         q_dram=state.q_dram + jnp.sum(dram, dtype=jnp.int32),
+        g_arrived=state.g_arrived + jnp.sum(grid_arrive, dtype=jnp.int32),
+        items_taken=state.items_taken + jnp.sum(take, dtype=jnp.int32),
         ctas_done=state.ctas_done + n_done,
         last_exit_tick=jnp.where(n_done > 0, k, state.last_exit_tick),
         counters=counters,

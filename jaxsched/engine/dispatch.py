@@ -146,6 +146,11 @@ def dispatch(
     cta = jnp.clip(slots.cta_id[:, j_of], 0, shapes.max_ctas - 1)
     packed = variation.packed[cta, warp]
     trips, if_lanes = packed >> 6, packed & 63
+    # Persistent kernels: each new warp takes its first work item, in placement then warp order.
+    persistent = launch.work_items > 0
+    order = (slots.cta_id[:, j_of] - state.next_cta) * n_w + warp
+    took = fresh & persistent & (order < launch.work_items - state.items_taken)
+    trips = jnp.where(persistent, took.astype(jnp.int32), trips)
     lanes = jnp.where(warp == n_w - 1, launch.lanes_last_warp, 32)
     pc0 = resolve_pc(launch, jnp.zeros_like(trips), trips, if_lanes, lanes)
     w = state.warps
@@ -178,8 +183,10 @@ def dispatch(
         warps=warps,
         next_cta=slots.next_cta,
         rr_pointer=slots.rr_pointer,
+        items_taken=state.items_taken + jnp.sum(took, dtype=jnp.int32),
         counters=replace(
             k,
+            sm_items=k.sm_items + jnp.sum(took, axis=1, dtype=jnp.int64),
             sm_ctas=k.sm_ctas + jnp.sum(new, axis=1, dtype=jnp.int32),
             cta_sm=k.cta_sm.at[ids].set(sm_of, mode="drop"),
             cta_start_tick=k.cta_start_tick.at[ids].set(tick, mode="drop"),

@@ -55,12 +55,11 @@ def skip_to_next_event(state: State, launch: Launch, shapes: Shapes, done: Array
     by_cycle = jnp.where(clear_cycle < INF, k + ticks_until_cycle(state, launch, clear_cycle), INF)
     by_tick = jnp.min(st.clear_tick, axis=1)
     per_sm = jnp.where(launch.sm_enabled, jnp.minimum(by_cycle, by_tick), INF)
-    nxt = jnp.min(per_sm)
+    # Grid-barrier releases (section 8) and clock changes (section 12) are events too.
+    nxt = jnp.minimum(jnp.min(per_sm), jnp.minimum(state.g_release, next_dvfs_event(state, launch)))
     nxt = jnp.where((nxt < INF) & ~done, nxt, k + 1)  # nothing pending only after the last CTA
     # A held dispatch depends on the tick itself (section 9): look again at the next tick.
     nxt = jnp.where(state.dispatch_hold, k + 1, nxt)
-    # Clocks change only at DVFS events (section 12): never skip past one.
-    nxt = jnp.minimum(nxt, next_dvfs_event(state, launch))
     skipped = nxt - k - 1
 
     cycles, acc = cycles_in_ticks(state, launch, skipped)

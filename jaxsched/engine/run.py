@@ -29,6 +29,7 @@ from ..lower import (DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, po
 from .cycle import run_tick
 from .dispatch import dispatch, variation_tables
 from .events import skip_to_next_event
+from .grid_barrier import grid_barrier
 from .power import domains, dvfs_step, final_outputs, initial_dvfs
 from .state import STALL_REASONS, State, initial_state
 
@@ -51,6 +52,7 @@ class Result(eqx.Module):
     sm_warp_cycles: Int[Array, " sm"]
     sm_stalls: Int[Array, "sm reason"]
     sm_ctas: Int[Array, " sm"]
+    sm_items: Int[Array, " sm"]  # work items taken (persistent kernels)
     cta_sm: Int[Array, " grid"]
     cta_start_tick: Int[Array, " grid"]
     cta_end_tick: Int[Array, " grid"]
@@ -110,7 +112,7 @@ def run_launch(launch: Launch, shapes: Shapes, max_ticks: int) -> State:
     doms = domains(launch)
 
     def step(state: State) -> State:
-        state = run_tick(state, launch, shapes)
+        state = grid_barrier(run_tick(state, launch, shapes), launch)
         state = dispatch(state, launch, shapes, variation, state.tick)
         state = dvfs_step(state, launch, shapes, doms)
         return skip_to_next_event(state, launch, shapes, state.ctas_done >= launch.n_ctas)
@@ -161,6 +163,7 @@ def _run_config(
         sm_warp_cycles=c.sm_warp_cycles,
         sm_stalls=c.sm_stalls,
         sm_ctas=c.sm_ctas,
+        sm_items=c.sm_items,
         cta_sm=c.cta_sm,
         cta_start_tick=c.cta_start_tick,
         cta_end_tick=c.cta_end_tick,

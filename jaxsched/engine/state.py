@@ -78,6 +78,7 @@ class Counters(eqx.Module):
     sm_warp_cycles: Int[Array, " sm"]
     sm_stalls: Int[Array, "sm reason"]
     sm_ctas: Int[Array, " sm"]
+    sm_items: Int[Array, " sm"]  # work items taken (persistent kernels), int64
     cta_sm: Int[Array, " grid"]
     cta_start_tick: Int[Array, " grid"]
     cta_end_tick: Int[Array, " grid"]
@@ -101,6 +102,9 @@ class State(eqx.Module):
     warps: Warps
     q_l2: Int[Array, ""]
     q_dram: Int[Array, ""]
+    g_arrived: Int[Array, ""]  # warps arrived at the grid barrier
+    g_release: Int[Array, ""]  # tick a completed grid barrier releases (INF: none pending)
+    items_taken: Int[Array, ""]  # persistent kernels' global work-queue counter
     next_cta: Int[Array, ""]
     rr_pointer: Int[Array, ""]
     ctas_done: Int[Array, ""]
@@ -143,6 +147,9 @@ def initial_state(shapes: Shapes) -> State:
         ),
         q_l2=zi(),
         q_dram=zi(),
+        g_arrived=zi(),
+        g_release=jnp.full((), INF, jnp.int32),
+        items_taken=zi(),
         next_cta=zi(),
         rr_pointer=zi(),
         ctas_done=zi(),
@@ -156,6 +163,7 @@ def initial_state(shapes: Shapes) -> State:
             sm_warp_cycles=zl(s),
             sm_stalls=zl(s, N_STALLS),
             sm_ctas=zi(s),
+            sm_items=zl(s),
             cta_sm=jnp.full((shapes.max_ctas,), -1, jnp.int32),
             cta_start_tick=zi(shapes.max_ctas),
             cta_end_tick=zi(shapes.max_ctas),
