@@ -7,14 +7,14 @@ at different, changing clocks.
     result = js.simulate(arch, kernel, warp_policy="gto", dispatch="hardware")
 """
 
-from . import clocks, freqmap, presets
+from . import bounds, clocks, dvfs, freqmap, presets
 from .arch import Arch, make_arch
 from .archio import load as load_arch
 from .clocks import Clocks
 from .engine.run import Result, simulate, simulate_batch, stack
 from .errors import JaxschedError
 from .isa import Op
-from .kernel import Kernel, load_kernel, make_kernel
+from .kernel import Kernel, load_kernel, make_kernel, resident_grid
 from .lower import DISPATCH_POLICIES, WARP_POLICIES
 from .occupancy import Occupancy, max_active_blocks, occupancy
 
@@ -30,7 +30,9 @@ __all__ = [
     "Occupancy",
     "Op",
     "Result",
+    "bounds",
     "clocks",
+    "dvfs",
     "freqmap",
     "load_arch",
     "load_kernel",
@@ -39,6 +41,7 @@ __all__ = [
     "max_active_blocks",
     "occupancy",
     "presets",
+    "resident_grid",
     "simulate",
     "simulate_batch",
     "stack",

@@ -1,0 +1,245 @@
+"""Oracle bounds on a launch's makespan: the fluid lower bound and the clairvoyant schedule.
+
+Dispatch policies are judged by how far their makespan stays from what a scheduler could reach
+at best on the same chip (issue 5). Both references are computed on a *work model* measured
+from the simulator itself; docs/bounds.md defines them in full and states their limits.
+
+- **Work model** (`Work`). A CTA runs in one of the `slots_per_sm` slots of an SM; CTA `c` in a
+  slot of SM `s` (clock `f_s` MHz) takes `a_cs = cycles_c * 1000 / f_s + ns_c` nanoseconds:
+  `cycles_c` SM cycles that scale with the clock and `ns_c` nanoseconds (memory latency and
+  queueing, in other clock domains) that do not. `work_from_uniform` measures it on a *uniform*
+  chip: one run at `f0` gives `cycles_c` and `ns_c = 0`; two runs at two clocks give both parts
+  (solved per CTA, or once for the grid: `split`). Two ways to turn a run into per-CTA work
+  (`attribution`): `"slot"`: the CTA's slot occupancy, `end - start` ticks, with `slots_per_sm`
+  = the most CTAs the run ever had resident on one SM (its occupancy); a strict bound in every
+  measurement so far, loose by the warp scheduler's own tail. `"sm"`: each busy SM cycle is
+  split equally among the CTAs resident in it (so the works of an SM sum to its busy cycles)
+  and an SM is one slot serving work at its clock; tighter, not strict.
+- **Fluid lower bound** (`fluid_ns`): total work over total speed, through the LP relaxation of
+  the model (CTAs split fractionally over slots), raised to the longest CTA on the fastest SM.
+- **Clairvoyant earliest-finish schedule** (`clairvoyant_ns`): knowing every `a_cs`, CTAs in grid
+  order (or longest first) each go to the slot where they would finish first (list scheduling).
+  An upper bound on the model's optimum, never below the fluid bound.
+
+Both add the engine's launch tick, `1000 / max_s f_s` ns (CTAs are dispatched at tick 0 and
+issue from tick 1; docs/model.md section 2). Everything after `work_from_uniform` is `jax.numpy`
+with static shapes: `jit` and `vmap` over clock maps and works (of one `slots_per_sm`) work.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Bool, Float
+
+from .engine.run import Result
+from .errors import check
+
+ATTRIBUTIONS = ("slot", "sm")
+SPLITS = ("cta", "kernel")
+
+
+class Work(eqx.Module):
+    """Per-CTA work (grid order): a CTA takes `cycles * 1000 / f + ns` ns in a slot of an SM at
+    `f` MHz; every SM has `slots_per_sm` slots, each running one CTA at a time."""
+
+    cycles: Float[Array, "*batch grid"]
+    ns: Float[Array, "*batch grid"]
+    valid: Bool[Array, "*batch grid"]  # False on entries padded past the grid
+    slots_per_sm: int = eqx.field(static=True)
+
+
+class Bounds(eqx.Module):
+    """Reference makespans of one launch (ns), or relative gaps to them (`gaps`)."""
+
+    fluid_ns: Float[Array, "*batch"]
+    clairvoyant_ns: Float[Array, "*batch"]  # earliest finish, CTAs in grid order
+    clairvoyant_lpt_ns: Float[Array, "*batch"]  # earliest finish, longest CTA first
+
+
+# ----------------------------------------------------------------------------- measuring work
+
+
+def _residency(cta_sm: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, int]:
+    """Per CTA the SM-shared ticks (each tick of an SM split equally among its resident CTAs),
+    and the most CTAs ever resident on one SM. A CTA is resident in ticks `start + 1 .. end`."""
+    on = cta_sm >= 0
+    sm, t0, t1 = cta_sm[on], start[on].astype(np.int64) + 1, end[on].astype(np.int64) + 1
+    n = len(sm)
+    key = np.concatenate([sm, sm]) * (np.int64(1) << 40) + np.concatenate([t0, t1])
+    delta = np.concatenate([np.ones(n), -np.ones(n)])
+    order = np.lexsort((delta, key))  # at equal ticks, departures before arrivals
+    key, delta = key[order], delta[order]
+    resident = np.cumsum(delta)  # on the segment after each event (counts return to 0 per SM)
+    length = np.append(np.diff(key), 0).astype(np.float64)
+    length[resident == 0] = 0.0  # also zeroes the jump from one SM's last event to the next SM
+    shared = np.concatenate([[0.0], np.cumsum(length / np.maximum(resident, 1))])
+    position = np.empty(2 * n, np.int64)
+    position[order] = np.arange(2 * n)
+    ticks = np.zeros(cta_sm.shape)
+    ticks[on] = shared[position[n:]] - shared[position[:n]]
+    return ticks, int(resident.max(initial=0))
+
+
+def _durations_ns(result: Result, attribution: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Per-CTA work in ns of one uniform run (rows: configurations), the validity mask, the
+    clock (MHz, per row) and the slots per SM; rejects runs whose SMs did not all run at the
+    tick clock the whole time (unequal clocks, DVFS)."""
+    ticks = np.atleast_1d(np.asarray(result.makespan_ticks))
+    sm_cycles = np.asarray(result.sm_cycles).reshape(len(ticks), -1)
+    uniform = np.all((sm_cycles == 0) | (sm_cycles == ticks[:, None]), axis=-1)
+    check(bool(np.all(uniform)), "result", "a run on unequal or changing SM clocks",
+          "the work model is measured on a uniform chip (every enabled SM at one fixed clock)")
+    check(bool(np.all(np.asarray(result.completed))), "result.completed", False,
+          "the run must have finished every CTA")
+    cta_sm, start, end = (np.asarray(x).reshape(len(ticks), -1)
+                          for x in (result.cta_sm, result.cta_start_tick, result.cta_end_tick))
+    rows = [_residency(*row) for row in zip(cta_sm, start, end)]
+    slots = max(r[1] for r in rows)
+    if attribution == "slot":
+        work_ticks = end.astype(np.float64) - start.astype(np.float64)
+    else:
+        work_ticks, slots = np.stack([r[0] for r in rows]), 1
+    valid = cta_sm >= 0
+    mhz = np.atleast_1d(np.asarray(result.tick_mhz, np.float64))[:, None]
+    return np.where(valid, work_ticks * 1000.0 / mhz, 0.0), valid, mhz, slots
+
+
+def work_from_uniform(result_a: Result, result_b: Result | None = None, *, attribution: str = "slot",
+                      split: str = "cta") -> Work:
+    """The work model of a launch from one or two runs on a uniform chip (batched Results too).
+
+    One run at `f0`: `cycles_c` = the CTA's work in cycles of `f0`, `ns_c = 0`. Two runs at
+    clocks `f_a != f_b` (same kernel, grid and policies), works `d_a`, `d_b` in ns: solve
+    `d_a = 1000 cycles / f_a + ns`, `d_b = 1000 cycles / f_b + ns` per CTA (`split="cta"`), or
+    once for the grid's totals, giving every CTA the kernel's share of clock-bound time
+    (`split="kernel"`: per-CTA solutions are noisy, because a CTA's co-residents differ between
+    the two runs, and the LP of `fluid_ns` can exploit that noise; it matters for "sm"
+    attribution). Where a part comes out negative, `cycles` is clipped to `[0, d_a f_a / 1000]`
+    and `ns = d_a - 1000 cycles / f_a`, which keeps run `a` exact. `attribution`: "slot" or
+    "sm" (module doc).
+    """
+    check(attribution in ATTRIBUTIONS, "attribution", attribution, f"one of {ATTRIBUTIONS}")
+    check(split in SPLITS, "split", split, f"one of {SPLITS}")
+    d_a, valid, f_a, slots = _durations_ns(result_a, attribution)
+    if result_b is None:
+        cycles, ns = d_a * f_a / 1000.0, np.zeros_like(d_a)
+    else:
+        d_b, valid_b, f_b, slots_b = _durations_ns(result_b, attribution)
+        check(valid_b.shape == valid.shape and bool(np.all(valid_b == valid)), "result_b",
+              f"grid of {int(valid_b.sum())} CTAs", f"the same grid as result_a ({int(valid.sum())} CTAs)")
+        check(bool(np.all(f_a != f_b)), "result_b.tick_mhz", float(f_b.ravel()[0]),
+              "a clock different from result_a's, to separate cycles from nanoseconds")
+        slots = max(slots, slots_b)
+        per_cycle_ns = 1000.0 / f_a - 1000.0 / f_b
+        if split == "cta":
+            cycles = np.clip((d_a - d_b) / per_cycle_ns, 0.0, d_a * f_a / 1000.0)
+        else:
+            total_a, total_b = d_a.sum(-1, keepdims=True), d_b.sum(-1, keepdims=True)
+            total_cycles = np.clip((total_a - total_b) / per_cycle_ns, 0.0, total_a * f_a / 1000.0)
+            cycles = d_a * total_cycles / np.maximum(total_a, 1e-30)
+        ns = d_a - cycles * 1000.0 / f_a
+    shape = np.shape(result_a.cta_sm)
+    as_f32 = lambda x: jnp.asarray(np.where(valid, x, 0.0).reshape(shape), jnp.float32)  # noqa: E731
+    return Work(cycles=as_f32(cycles), ns=as_f32(ns), valid=jnp.asarray(valid.reshape(shape)),
+                slots_per_sm=slots)
+
+
+# ----------------------------------------------------------------------------- the bounds
+
+
+def _cta_ns(work: Work, sm_freq_mhz: Float[Array, " sm"]) -> Float[Array, "grid sm"]:
+    """`a_cs`: the time of CTA c in a slot of SM s (inf on floorswept SMs, f = 0)."""
+    f = sm_freq_mhz.astype(jnp.float32)
+    on_sm = work.cycles[:, None] * (1000.0 / jnp.where(f > 0, f, 1.0))[None, :] + work.ns[:, None]
+    return jnp.where(f[None, :] > 0, on_sm, jnp.inf)
+
+
+def _launch_tick_ns(sm_freq_mhz: Float[Array, " sm"]) -> Float[Array, ""]:
+    return 1000.0 / jnp.max(sm_freq_mhz).astype(jnp.float32)
+
+
+@jax.jit
+def fluid_ns(work: Work, sm_freq_mhz: Float[Array, " sm"]) -> Float[Array, ""]:
+    """Fluid lower bound (ns): max(LP-relaxation bound, longest CTA on the fastest SM) + launch tick.
+
+    LP: `min T` with `sum_s x_cs = 1` over the slots and `sum_c x_cs a_cs <= T` per slot. Any
+    slot weights `v >= 0` summing to 1 give `T >= sum_c min_s v_s a_cs` (weak duality). With
+    `v_s` proportional to the slot's effective speed `1 / (1000 C / f_s + N)` (`C`, `N`: total
+    cycles and ns) the bound is exactly total work over total speed whenever every CTA has the
+    same `ns / cycles` ratio (in particular `ns = 0`: `1000 C / (slots_per_sm sum_s f_s)`), and a
+    valid lower bound of the model always.
+    """
+    f = jnp.asarray(sm_freq_mhz).astype(jnp.float32)
+    enabled = f > 0
+    a = _cta_ns(work, f)
+    c_total = jnp.sum(jnp.where(work.valid, work.cycles, 0.0))
+    n_total = jnp.sum(jnp.where(work.valid, work.ns, 0.0))
+    scale = c_total + n_total
+    safe_scale = jnp.where(scale > 0, scale, 1.0)
+    c_hat = jnp.where(scale > 0, c_total / safe_scale, 0.0)
+    n_hat = jnp.where(scale > 0, n_total / safe_scale, 1.0)
+    speed = jnp.where(enabled, 1.0 / (1000.0 * c_hat / jnp.where(enabled, f, 1.0) + n_hat), 0.0)
+    weighted = jnp.min(jnp.where(enabled[None, :], speed[None, :] * a, jnp.inf), axis=1)
+    lp_ns = jnp.sum(jnp.where(work.valid, weighted, 0.0)) / (work.slots_per_sm * jnp.sum(speed))
+    longest_ns = jnp.max(jnp.where(work.valid, jnp.min(a, axis=1), 0.0))
+    return jnp.maximum(lp_ns, longest_ns) + _launch_tick_ns(f)
+
+
+def _longest_first(work: Work, sm_freq_mhz: Float[Array, " sm"]) -> Work:
+    """The CTAs sorted by their time on the fastest SM, longest first (padding last, stable)."""
+    key = jnp.where(work.valid, jnp.min(_cta_ns(work, sm_freq_mhz), axis=1), -jnp.inf)
+    order = jnp.argsort(-key, stable=True)
+    return jax.tree.map(lambda x: x[order], work)
+
+
+@functools.partial(jax.jit, static_argnames=("longest_first",))
+def clairvoyant_ns(work: Work, sm_freq_mhz: Float[Array, " sm"], *, longest_first: bool = False) -> Float[Array, ""]:
+    """Makespan (ns) of the clairvoyant earliest-finish list schedule, plus the launch tick.
+
+    CTAs go one by one (grid order, or longest first) to the slot where they finish first; ties
+    go to the faster SM, then to the lower SM and slot index, so the result does not depend on
+    how the SMs are numbered.
+    """
+    f = jnp.asarray(sm_freq_mhz).astype(jnp.float32)
+    if longest_first:
+        work = _longest_first(work, f)
+    k = work.slots_per_sm
+    usable = jnp.repeat(f > 0, k)
+    slot_mhz = jnp.repeat(f, k)
+
+    def place(free_ns: Float[Array, " slot"], cta) -> tuple[Float[Array, " slot"], None]:
+        a_c, valid = cta
+        finish = jnp.where(usable, free_ns + jnp.repeat(a_c, k), jnp.inf)
+        first = finish == jnp.min(finish)
+        slot = jnp.argmax(jnp.where(first, slot_mhz, -1.0))
+        return jnp.where(valid, free_ns.at[slot].set(finish[slot]), free_ns), None
+
+    free_ns, _ = jax.lax.scan(place, jnp.zeros(usable.shape, jnp.float32), (_cta_ns(work, f), work.valid))
+    return jnp.max(jnp.where(usable, free_ns, 0.0)) + _launch_tick_ns(f)
+
+
+def bounds(work: Work, sm_freq_mhz: Float[Array, " sm"] | ArrayLike) -> Bounds:
+    """The fluid bound and both clairvoyant schedules of one launch (`jax.vmap` it for many).
+
+    `sm_freq_mhz`: one clock per SM slot, 0 on floorswept SMs (`Clocks.sm_freq_mhz`).
+    """
+    f = jnp.asarray(sm_freq_mhz)
+    if not isinstance(f, jax.core.Tracer):
+        check(f.ndim == 1 and bool(jnp.all(f >= 0)) and bool(jnp.any(f > 0)), "sm_freq_mhz",
+              f"shape {f.shape}, min {float(jnp.min(f)) if f.size else 'none'}",
+              "one clock >= 0 MHz per SM slot, at least one SM running")
+    return Bounds(
+        fluid_ns=fluid_ns(work, f),
+        clairvoyant_ns=clairvoyant_ns(work, f),
+        clairvoyant_lpt_ns=clairvoyant_ns(work, f, longest_first=True),
+    )
+
+
+def gaps(makespan_ns: Float[Array, "*batch"] | ArrayLike, reference: Bounds) -> Bounds:
+    """Relative gaps `makespan / bound - 1` to each bound (broadcasting, e.g. over policies)."""
+    return jax.tree.map(lambda b: jnp.asarray(makespan_ns) / b - 1.0, reference)
