@@ -17,13 +17,18 @@ Entry points:
 
 Order of events (the contract's sections in parentheses):
 - tick `k` (8): every SM whose phase accumulator overflows executes one cycle (2), SMs in index
-  order; then CTA dispatch (9: hardware, round_robin, least_loaded, weighted, closed_loop);
+  order; then the grid barrier (8, step 1b: a completed `gsync` schedules its release
+  `grid_sync_ticks` later; a release due now frees every waiting warp); then CTA dispatch (9:
+  hardware, round_robin, least_loaded, weighted, closed_loop; in a persistent kernel each new
+  warp takes its first work item, in placement then warp order);
   then the L2 and DRAM queues drain by one tick (1024 units); then, unless DVFS is off, the
   DVFS step (12: apply clocks, apply droop, sample, apply again, recompute every `f_s`), whose
   clocks the phase accumulators add from tick `k + 1`.
 - SM cycle (7): stall reasons, eligibility, busy and warp-cycle counts from the start-of-cycle
   state; schedulers `0 .. schedulers-1` select and issue in index order (the order matters for
-  the MIO backlog and the chip-wide memory queues); then barrier releases and CTA completions;
+  the MIO backlog, the chip-wide memory queues, the grid-barrier arrivals and the persistent
+  work queue, whose takes are thus ordered (tick, SM index, scheduler)); then CTA barrier
+  releases and CTA completions;
   then the MIO backlog drains by one. A completing CTA updates its SM's closed-loop estimate
   there (section 9), in CTA-slot order.
 """
@@ -123,6 +128,7 @@ class Program:
         self.mem_lat_ticks = ints(launch.mem_lat_ticks)
         self.l2_cost = ints(launch.l2_cost)
         self.dram_cost = ints(launch.dram_cost)
+        self.grid_sync = [bool(v) for v in np.asarray(launch.grid_sync).reshape(-1)]
         self.loop_start = int(launch.loop_start)
         self.loop_end = int(launch.loop_end)
         self.branch_start = int(launch.branch_start)
@@ -203,14 +209,18 @@ class SM:
         self.warp_cycles = 0
         self.stalls = [0] * len(STALL_REASONS)
         self.ctas = 0
+        self.items = 0  # persistent kernel: work items taken by this SM's warps
 
 
 class Chip:
-    """Chip-wide state: memory queues, dispatcher, per-CTA trace."""
+    """Chip-wide state: memory queues, grid barrier, work queue, dispatcher, per-CTA trace."""
 
     def __init__(self, n_ctas: int, n_sm: int, ema_prior_ticks: int) -> None:
         self.q_l2 = 0  # 1/1024 tick
         self.q_dram = 0
+        self.g_arrived = 0  # warps arrived at the current grid barrier
+        self.g_release: int | None = None  # tick at which a completed grid barrier releases
+        self.items_taken = 0  # persistent kernel: the global work-queue counter
         self.next_cta = 0
         self.rr_pointer = 0  # round-robin dispatch pointer, in dispatch-rank space
         # closed-loop dispatch: per SM, the estimated duration of a CTA there (ticks); kept under
@@ -499,6 +509,8 @@ class _Sim:
         self.warp_spread = int(launch.trips_warp_spread)
         self.branch_threshold = int(launch.branch_threshold)
         self.seed = int(launch.seed)
+        self.grid_sync_ticks = int(launch.grid_sync_ticks)
+        self.work_items = int(launch.work_items)
         freq = [int(v) for v in np.asarray(launch.sm_freq_mhz).reshape(-1)]
         enabled = [bool(v) for v in np.asarray(launch.sm_enabled).reshape(-1)]
         rank = [int(v) for v in np.asarray(launch.dispatch_rank).reshape(-1)]
@@ -516,6 +528,7 @@ class _Sim:
         if (self.dispatch_policy == DISPATCH_WEIGHTED
                 and any(sm.weight < 1 for sm in self.enabled_sms)):
             raise ValueError("weighted dispatch needs a weight >= 1 on every enabled SM")
+        self.check_launch_modes()
         self.chip = Chip(self.n_ctas, shapes.n_sm, self.ema_prior_ticks)
         mode = int(launch.dvfs.mode)
         if mode not in (DVFS_OFF, DVFS_ON, DVFS_LOCK):
@@ -524,14 +537,52 @@ class _Sim:
         self.dvfs = None if mode == DVFS_OFF else Dvfs(launch.dvfs, self.sms, self.F, shapes.trace_len)
         self.clock_log: list[list[int]] | None = None  # f_s of every tick, when asked for
 
+    def check_launch_modes(self) -> None:
+        """Section 9's launch checks, as invariants of the `Launch` the rules below rely on.
+
+        `simulate` reports them as `JaxschedError` earlier (the kernel parser and
+        `lower.validate`); here they guard a `Launch` built some other way. Section 8's grid
+        barrier counts the live warps of the resident CTAs and releases every warp at a
+        barrier, which is the grid's arrivals only if every CTA is resident and no CTA barrier
+        exists; a persistent kernel takes its work items at the loop's back-edge."""
+        prog = self.prog
+        bars = [i for i, op in enumerate(prog.op) if op == Op.BAR]
+        if any(prog.grid_sync[i] for i in bars):
+            if not all(prog.grid_sync[i] for i in bars):
+                raise ValueError("a program may not mix CTA barriers (bar) and grid barriers (gsync)")
+            if self.n_ctas > self.ctas_per_sm * self.n_enabled:
+                raise ValueError(
+                    f"grid barriers need every CTA co-resident: {self.n_ctas} CTAs > "
+                    f"{self.ctas_per_sm} per SM x {self.n_enabled} SMs")
+        if self.work_items < 0:
+            raise ValueError(f"work_items = {self.work_items} < 0")
+        if self.work_items > 0 and prog.loop_end < 0:
+            raise ValueError("a persistent kernel (work_items > 0) needs a loop")
+
     # section 9 ---------------------------------------------------------------------------------
 
-    def launch_warp(self, warp: Warp, c: int, w: int, cta_slot: int) -> None:
-        """Make `warp` warp `w` of CTA `c`: variation from section 4, pc 0 resolved, ready 0."""
+    def take_item(self, sm: SM) -> bool:
+        """A persistent kernel's `atomicAdd` on the global queue counter by a warp of `sm`:
+        True (and the item is counted) if an item was left."""
+        if self.chip.items_taken >= self.work_items:
+            return False
+        self.chip.items_taken += 1
+        sm.items += 1
+        return True
+
+    def launch_warp(self, sm: SM, warp: Warp, c: int, w: int, cta_slot: int) -> None:
+        """Make `warp` warp `w` of CTA `c`: variation from section 4, pc 0 resolved, ready 0.
+
+        In a persistent kernel the warp takes its first work item here instead of a trip
+        count: one trip if it got one, else zero (it skips the loop)."""
         warp.active = True
         warp.cta_slot = cta_slot
         warp.lanes = warp_lanes(w, self.W, self.lanes_last_warp)
-        warp.trips_left = warp_trips(self.seed, self.trips, self.cta_spread, self.warp_spread, c, w)
+        if self.work_items > 0:
+            warp.trips_left = 1 if self.take_item(sm) else 0
+        else:
+            warp.trips_left = warp_trips(self.seed, self.trips, self.cta_spread, self.warp_spread,
+                                         c, w)
         warp.if_lanes = warp_if_lanes(self.seed, self.branch_threshold, c, w, warp.lanes)
         warp.else_lanes = warp.lanes - warp.if_lanes
         warp.age = 32 * c + w
@@ -619,7 +670,7 @@ class _Sim:
             sm.resident += 1
             sm.ctas += 1
             for w in range(self.W):
-                self.launch_warp(sm.warps[j * self.W + w], c, w, j)
+                self.launch_warp(sm, sm.warps[j * self.W + w], c, w, j)
             chip.cta_sm[c] = sm.index
             chip.cta_start[c] = k
 
@@ -685,14 +736,20 @@ class _Sim:
                 warp.ready_mio = max(warp.ready_mio, c + m + prog.mio_cost[i] + prog.lat_cycles[i])
         elif op == Op.BAR:
             warp.at_barrier = True
-            sm.arrivals[warp.cta_slot] += 1
+            if prog.grid_sync[i]:
+                chip.g_arrived += 1  # grid.sync(): the arrival counts chip-wide (section 8)
+            else:
+                sm.arrivals[warp.cta_slot] += 1
         elif op == Op.EXIT:
             warp.active = False
             sm.live[warp.cta_slot] -= 1
         sm.issued += 1
         sm.issued_op[op] += 1
         sm.active_lanes += prog.active_lanes(i, warp.lanes, warp.if_lanes, warp.else_lanes)
-        if i == prog.loop_end and warp.trips_left > 1:
+        if i == prog.loop_end and self.work_items > 0:
+            # persistent kernel: the back-edge takes the next work item (trips_left stays 1)
+            warp.pc = prog.loop_start if self.take_item(sm) else i + 1
+        elif i == prog.loop_end and warp.trips_left > 1:
             warp.trips_left -= 1
             warp.pc = prog.loop_start
         else:
@@ -758,9 +815,26 @@ class _Sim:
 
     # sections 2 and 8 --------------------------------------------------------------------------
 
+    def grid_barrier(self, k: int) -> None:
+        """Section 8, step 1b: when every live warp of the grid has arrived at a grid barrier
+        (and no release is pending), it releases `grid_sync_ticks` later; a release due at `k`
+        frees every warp at a barrier (they issue from their SM's next cycle)."""
+        chip = self.chip
+        if chip.g_arrived > 0 and chip.g_release is None:
+            live = sum(sum(sm.live[j] for j, cta in enumerate(sm.cta_id) if cta >= 0)
+                       for sm in self.sms)
+            if chip.g_arrived == live:
+                chip.g_release = k + self.grid_sync_ticks
+                chip.g_arrived = 0
+        if chip.g_release == k:
+            for sm in self.sms:
+                for warp in sm.warps:
+                    warp.at_barrier = False
+            chip.g_release = None
+
     def tick(self, k: int) -> None:
-        """Section 8: SM cycles in SM index order, then dispatch, then the queues drain, then
-        the DVFS step (if DVFS is on)."""
+        """Section 8: SM cycles in SM index order, then the grid barrier, then dispatch, then
+        the queues drain, then the DVFS step (if DVFS is on)."""
         if self.clock_log is not None:
             self.clock_log.append([sm.freq for sm in self.sms])
         for sm in self.sms:
@@ -770,6 +844,7 @@ class _Sim:
             if sm.acc >= self.F:
                 sm.acc -= self.F
                 self.sm_cycle(sm, k)
+        self.grid_barrier(k)
         self.dispatch(k)
         self.chip.q_l2 = max(0, self.chip.q_l2 - QUEUE_ONE_TICK)
         self.chip.q_dram = max(0, self.chip.q_dram - QUEUE_ONE_TICK)
@@ -798,6 +873,7 @@ class _Sim:
             "makespan_ticks": int(makespan_ticks),
             "sm_cycles": i64([sm.cycle for sm in self.sms]),
             "sm_busy_cycles": i64([sm.busy for sm in self.sms]),
+            "sm_items": i64([sm.items for sm in self.sms]),
             "sm_issued": i64([sm.issued for sm in self.sms]),
             "sm_issued_op": i64([sm.issued_op for sm in self.sms]).reshape(n_sm, len(Op)),
             "sm_active_lanes": i64([sm.active_lanes for sm in self.sms]),
@@ -816,8 +892,9 @@ def simulate_launch(launch, shapes, max_ticks: int = 10**7, *,
     """Run one `Launch` (numpy leaves) tick by tick; return sections 10's and 12's exact output
     arrays.
 
-    Keys: `makespan_ticks` (int); int64 arrays `sm_cycles`, `sm_busy_cycles`, `sm_issued`,
-    `sm_active_lanes`, `sm_warp_cycles`, `sm_ctas` ([n_sm]), `sm_issued_op` ([n_sm, 8], columns
+    Keys: `makespan_ticks` (int); int64 arrays `sm_cycles`, `sm_busy_cycles`, `sm_items` (work
+    items taken; 0 unless persistent), `sm_issued`, `sm_active_lanes`, `sm_warp_cycles`,
+    `sm_ctas` ([n_sm]), `sm_issued_op` ([n_sm, 8], columns
     in `isa.Op` order), `sm_stalls` ([n_sm, 8], columns in `STALL_REASONS` order), `cta_sm`,
     `cta_start_tick`, `cta_end_tick` ([n_ctas], grid order); section 12's `sm_energy_pj`,
     `sm_clock_end_mhz`, `sm_temp_end_mk` ([n_sm]), `trace_tick` ([shapes.trace_len], -1 where
