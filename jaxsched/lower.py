@@ -132,6 +132,14 @@ def validate(arch: Arch, kernel: Kernel, clocks: Clocks) -> None:
     check(int(kernel.trips) + int(kernel.trips_warp_spread) < 2**24, "trips", int(kernel.trips), "< 2^24")
     f = np.asarray(clocks.sm_freq_mhz)
     check(f.shape == (arch.n_sm_slots,), "clocks.sm_freq_mhz", f.shape, f"({arch.n_sm_slots},)")
+    bars = np.asarray(kernel.op) == Op.BAR
+    grid_bars = bars & np.asarray(kernel.grid_sync)
+    if grid_bars.any():
+        check(bool(kernel.cooperative), "program", "gsync", "grid.sync() needs a cooperative launch")
+        check(not (bars & ~grid_bars).any(), "program", "bar and gsync",
+              "a program uses either CTA barriers or grid barriers")
+    check(int(kernel.work_items) == 0 or int(kernel.loop_start) >= 0, "work_items", int(kernel.work_items),
+          "a persistent kernel needs a loop: each work item is one iteration of it")
     if bool(kernel.cooperative):
         fit = int(occ.blocks_per_sm) * arch.sm_count
         check(int(kernel.grid_ctas) <= fit, "grid_ctas", int(kernel.grid_ctas),
