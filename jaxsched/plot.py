@@ -2,12 +2,17 @@
 
 - `makespan(ds, out, x=...)`: makespan against any swept dimension, one line per combination of
   the other swept dimensions (e.g. per policy), median over replicates with an interquartile
-  band and a fainter min-max band.
+  band and a fainter min-max band. On a random or Latin-hypercube design sweep, `x` is one of
+  the sampled parameters (default: the first numeric one): every configuration is a point of a
+  scatter, with the median over bins of `x` (or over its values, when few or categorical) drawn
+  as a line, one colour per combination of the grid dimensions; infeasible (NaN) points are
+  counted in the title.
 - `floorplan(ds, out, var="sm_utilisation")`: a per-SM variable drawn at each SM's position on
   the die outline (`sm_x_mm`, `sm_y_mm`, `die_width_mm`, `die_height_mm`), averaged over every
   dimension not fixed by `sel`.
 - `stalls(ds, out, x=...)`: the warp-state (stall reason) breakdown as stacked bars per value of
-  a swept dimension, one panel per combination of the other swept dimensions.
+  a swept dimension, one panel per combination of the other swept dimensions (averaged over
+  replicates and a design's samples).
 - `gantt(result, arch, out)`: each CTA as a bar from its start to its end on its SM's row (CTAs
   resident together on one SM are stacked in lanes), from a `Result` or from the JSON of
   `jaxsched run --json`.
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -30,21 +36,27 @@ from matplotlib.collections import PatchCollection  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 from .errors import JaxschedError, check  # noqa: E402
+from .sweep_design import CONFIG_DIM, design_coords  # noqa: E402
 
 KINDS = ("makespan", "floorplan", "stalls", "gantt")
 _MAX_PANELS = 12
+_MAX_BINS = 12
 
 
 def _grid_dims(ds: xr.Dataset) -> list[str]:
-    return [d for d in ds["makespan_ns"].dims if d != "replicate"]
+    """The grid's dimensions (not `replicate`, nor a design's `config`)."""
+    return [d for d in ds["makespan_ns"].dims if d not in ("replicate", CONFIG_DIM)]
 
 
-def _pick_x(ds: xr.Dataset, x: str | None, prefer_numeric: bool = True) -> str:
-    grid_dims = _grid_dims(ds)
-    numeric = [d for d in grid_dims if np.issubdtype(ds[d].dtype, np.number)]
-    x = x or ((numeric[0] if numeric and prefer_numeric else None) or (grid_dims[0] if grid_dims else None))
+def _is_numeric(values: np.ndarray) -> bool:
+    return np.issubdtype(values.dtype, np.number) and values.dtype.kind != "b"
+
+
+def _pick_x(ds: xr.Dataset, x: str | None, choices: list[str]) -> str:
+    numeric = [d for d in choices if _is_numeric(ds[d].values)]
+    x = x or (numeric[0] if numeric else (choices[0] if choices else None))
     check(x is not None, "plot x", x, "the dataset has no swept dimension")
-    check(x in grid_dims, "plot x", x, f"one of the swept dimensions {grid_dims}")
+    check(x in choices, "plot x", x, f"one of {choices}")
     return x
 
 
@@ -70,17 +82,25 @@ def _sel_label(sel: Mapping[str, Any] | None) -> str:
 
 def makespan(ds: xr.Dataset, out: str | Path, x: str | None = None) -> Path:
     """Makespan against swept dimension `x` (default: the first numeric one), one line per value
-    of the other swept dimensions, median over replicates with an interquartile band (and a
-    lighter min-max band)."""
-    x = _pick_x(ds, x)
-    others = [d for d in _grid_dims(ds) if d != x]
+    of the other swept dimensions, median over replicates (and design samples) with an
+    interquartile band (and a lighter min-max band). On a design sweep `x` defaults to a
+    sampled parameter: see `makespan_scatter`."""
+    params, grid = design_coords(ds), _grid_dims(ds)
+    if params and x not in grid:
+        check(x is None or x in params, "plot x", x, f"one of the sampled parameters {params} or the grid dimensions {grid}")
+        return makespan_scatter(ds, out, _pick_x(ds, x, params))
+    x = _pick_x(ds, x, grid)
+    others = [d for d in grid if d != x]
+    spread = ["replicate"] + ([CONFIG_DIM] if params else [])
     fig, ax = plt.subplots(figsize=(7, 4.5))
     xs = ds[x].values
     numeric = np.issubdtype(ds[x].dtype, np.number)
     xpos = xs if numeric else np.arange(len(xs))
     for combo in itertools.product(*(ds[d].values for d in others)):
         sel = ds["makespan_ns"].sel(dict(zip(others, combo)))
-        q = sel.quantile([0.0, 0.25, 0.5, 0.75, 1.0], dim="replicate").transpose("quantile", x).values / 1000.0
+        with warnings.catch_warnings():  # infeasible points: all-NaN slices give NaN, drawn as gaps
+            warnings.simplefilter("ignore", RuntimeWarning)
+            q = sel.quantile([0.0, 0.25, 0.5, 0.75, 1.0], dim=spread).transpose("quantile", x).values / 1000.0
         label = ", ".join(f"{d}={v}" for d, v in zip(others, combo)) or "makespan"
         (line,) = ax.plot(xpos, q[2], marker="o", label=label)
         ax.fill_between(xpos, q[1], q[3], color=line.get_color(), alpha=0.25, linewidth=0)
@@ -88,9 +108,60 @@ def makespan(ds: xr.Dataset, out: str | Path, x: str | None = None) -> Path:
     if not numeric:
         ax.set_xticks(xpos, [str(v) for v in xs])
     ax.set_xlabel(x)
-    ax.set_ylabel("makespan (µs): median, IQR, min-max")
+    ax.set_ylabel("makespan (µs): median, IQR, min-max" + (" over samples and replicates" if params else ""))
     ax.ticklabel_format(axis="y", useOffset=False, style="plain")
     ax.set_title(ds.attrs.get("title", ""), fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, out)
+
+
+def _bins(xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(bin of each x, bin centre): its distinct values when there are few, else equal-width bins."""
+    distinct = np.unique(xs)
+    if len(distinct) <= _MAX_BINS:
+        return np.searchsorted(distinct, xs), distinct.astype(float)
+    n = int(np.clip(np.sqrt(len(xs)), 3, _MAX_BINS))
+    edges = np.linspace(distinct[0], distinct[-1], n + 1)
+    return np.clip(np.searchsorted(edges, xs, side="right") - 1, 0, n - 1), 0.5 * (edges[:-1] + edges[1:])
+
+
+def makespan_scatter(ds: xr.Dataset, out: str | Path, x: str) -> Path:
+    """Design sweep: makespan of every configuration against the sampled parameter `x` (a
+    coordinate along `config`), with the median per bin of `x` as a line, one colour per
+    combination of the grid dimensions. Categorical `x` is spread over its values (jittered)."""
+    others = _grid_dims(ds)
+    xv = ds[x].values
+    numeric = _is_numeric(xv)
+    categories = np.unique(xv)
+    xpos = xv.astype(float) if numeric else np.searchsorted(categories, xv).astype(float)
+    rng = np.random.default_rng(0)  # the same jitter every time
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    missing = total = 0
+    for k, combo in enumerate(itertools.product(*(ds[d].values for d in others))):
+        y = ds["makespan_ns"].sel(dict(zip(others, combo))).transpose(CONFIG_DIM, "replicate").values / 1000.0
+        xs = np.repeat(xpos, y.shape[1])
+        y = y.ravel()
+        jitter = np.zeros(y.size) if numeric else rng.uniform(-0.15, 0.15, y.size)
+        keep = np.isfinite(y)
+        missing, total = missing + int((~keep).sum()), total + y.size
+        if not keep.any():
+            continue
+        color = plt.get_cmap("tab10")(k % 10)
+        ax.scatter(xs[keep] + jitter[keep], y[keep], s=9, alpha=0.35, color=color, linewidths=0)
+        bins, centres = _bins(xs[keep])
+        med = np.array([np.median(y[keep][bins == b]) if np.any(bins == b) else np.nan for b in range(len(centres))])
+        label = ", ".join(f"{d}={v}" for d, v in zip(others, combo)) or "makespan"
+        ax.plot(centres[np.isfinite(med)], med[np.isfinite(med)], color=color, marker="o" if numeric else "D",
+                linestyle="-" if numeric else "none", label=f"{label}: {'binned ' if numeric else ''}median")
+    if not numeric:
+        ax.set_xticks(np.arange(len(categories)), [str(v) for v in categories])
+    ax.set_xlabel(f"{x} ({ds[x].attrs.get('path', 'sampled')})")
+    ax.set_ylabel("makespan (µs): every configuration, binned median")
+    ax.ticklabel_format(axis="y", useOffset=False, style="plain")
+    note = f"{total - missing} configurations" + (f"; {missing} infeasible (NaN) not shown" if missing else "")
+    ax.set_title(f"{ds.attrs.get('title', '')}\n{note}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -159,8 +230,9 @@ def stalls(ds: xr.Dataset, out: str | Path, x: str | None = None,
     bars per value of `x`, one panel per combination of the other swept dimensions (averaged
     over them when there would be more than 12 panels)."""
     da = _apply_sel(ds["stall_fraction"], sel)
-    grid_dims = [d for d in da.dims if d not in ("replicate", "stall_reason")]
-    da = da.mean("replicate") if "replicate" in da.dims else da
+    averaged = [d for d in ("replicate", CONFIG_DIM) if d in da.dims and d != x]
+    da = da.mean(averaged) if averaged else da
+    grid_dims = [d for d in da.dims if d != "stall_reason"]
     if not grid_dims and x is None:  # nothing swept (or everything fixed by sel): one bar
         da, grid_dims = da.expand_dims(configuration=["all"]), ["configuration"]
     x = x or grid_dims[0]

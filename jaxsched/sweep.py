@@ -1,35 +1,60 @@
-"""Sweeps: a TOML spec of a base configuration and an orthogonal grid of swept values, run in
-batched chunks (one compilation for equal shapes), sharded over the local devices, written chunk
-by chunk to a resumable zarr store and returned as a labelled `xarray.Dataset`.
+"""Sweeps: a TOML spec of a base configuration, an orthogonal grid of swept values and/or a
+random or Latin-hypercube design, run in batched chunks (one compilation for equal shapes),
+sharded over the local devices, written chunk by chunk to a resumable zarr store and returned as
+a labelled `xarray.Dataset`.
 
-Spec (see `sweeps/demo.toml`):
+Spec (see `sweeps/demo.toml`, `sweeps/random_design.toml`):
 
     title = "..."
     arch = "h200"                    # preset name or arch TOML path (relative to the spec)
     kernel = "kernels/fma_ldg.toml"  # kernel TOML path, or an inline [kernel] table
-    replicates = 4                   # independent clock-map draws per grid point
+    replicates = 4                   # independent clock-map draws per point
     seed = 0
     chunk = 64                       # configurations per batched call (default: sized to memory)
-    [clocks]  mean_ghz = 1.9, sigma = 0.05     # per-SM clock map, see `clock_map`
-    [policy]  warp = "gto", dispatch = "hardware", dispatch_start = 0
-    [grid]    "policy.warp" = ["lrr", "gto"], "clocks.sigma" = [0.0, 0.1], "arch.dram_bytes_per_ns" = [...]
+    [clocks]  model = "gaussian", mean_ghz = 1.9, sigma = 0.05   # per-SM clock map, see `clock_map`
+    [policy]  warp = "gto", dispatch = "hardware", dispatch_start = 0,
+              weights = "clocks", ema_alpha = 0.25, ema_prior_ns = 0.0
+    [grid]    "policy.warp" = ["lrr", "gto"], "clocks.sigma" = [0.0, 0.1], "kernel.regs" = [...]
+    [design]  kind = "lhs", samples = 200, seed = 1          # optional; see `sweep_design`
+    [design.ranges]   "clocks.sigma" = [0.0, 0.2], "kernel.trips" = [4, 32],
+                      "policy.dispatch" = ["hardware", "closed_loop"]
+    [design.choices]  "kernel.threads" = [128, 256, 512]
 
-Swept paths: `policy.{warp,dispatch,dispatch_start}`, `clocks.{mean_ghz,sigma,...}`,
-`kernel.<field>` and `arch.<field>` for scalar fields of `Kernel` and `Arch`. Every path and value
-is checked before anything runs. Replicate r draws its clock map from seed `seed * 1_000_003 + r`,
-the same for every grid point (common random numbers: policies are compared on the same chips).
+Swept paths (`sweep_paths`): `policy.{warp, dispatch, dispatch_start, weights, ema_alpha,
+ema_prior_ns}` (`weights`: the `weighted` policy's per-SM weights, "clocks" = each SM's clock
+in MHz or "uniform"; `ema_alpha` in [0, 1] and `ema_prior_ns` in [0, 1e8) drive
+`closed_loop`), `clocks.{model, mean_ghz, sigma, sigma_die, corr_length_mm, ir_drop}`,
+`kernel.{grid, threads, regs, smem_bytes, static_smem_bytes, trips, cta_spread, warp_spread,
+if_probability, l2_hit_rate, seed, threads_fixed_work}` (or the `Kernel` field names) and
+`arch.<field>` for every scalar field of `Arch`. The base tables take the same fields.
 
-Dataset: one dimension per swept path (dots become underscores: `policy_warp`, `clocks_sigma`)
-plus `replicate`; per-SM variables add `sm` (enabled SMs, with `sm_x_mm`, `sm_y_mm`, `sm_gpc`
-coordinates from the floorplan), the stall breakdown adds `stall_reason`.
+Validation happens in `load`, before anything runs: every key, path, grid value, design range
+end and choice, and then every point (grid point x design sample): a point whose kernel CUDA
+would refuse to launch (more threads, registers or shared memory than the chip allows: a CTA
+fits on no SM) is *infeasible*: it is kept, not run, its results are NaN (0 for counts), and
+`feasible` / `infeasible_reason` say so; a spec whose points are all infeasible is an error,
+and so is any other failure of a point (simulator limits, a change of the engine's static
+shapes). Replicate r draws its clock map from seed `seed * 1_000_003 + r`, the same for every
+point (common random numbers: policies are compared on the same chips).
+
+Grid and design together: the grid is crossed with the design (every grid point runs every
+design sample), so grid values are compared on the same sampled configurations; a path may be
+in one of them only.
+
+Dataset: one dimension per grid path (dots become underscores: `policy_warp`, `clocks_sigma`),
+then, for a design, a `config` dimension (0 .. samples - 1) with one coordinate per sampled path
+(`clocks_sigma(config)`, ...), then `replicate`; per-SM variables add `sm` (enabled SMs, with
+`sm_x_mm`, `sm_y_mm`, `sm_gpc` coordinates from the floorplan), the stall breakdown adds
+`stall_reason`. `feasible` and `infeasible_reason` have the point dimensions (no `replicate`).
 
 Execution
 ---------
-The configurations form an N-d array (grid dimensions x replicates). It is cut into rectangular
-*chunks* of at most `chunk` configurations, filled from the last dimension backwards: with
-shape (2, 4, 4) and chunk 8 a chunk is (1, 2, 4). One chunk is one batched engine call of a
-fixed batch size (edge chunks are padded by repeating their last configuration, so every call
-reuses one compilation); the batch is padded to a multiple of the device count and its
+The configurations form an N-d array (grid dimensions x config x replicates). It is cut into
+rectangular *chunks* of at most `chunk` configurations, filled from the last dimension
+backwards: with shape (2, 4, 4) and chunk 8 a chunk is (1, 2, 4). One chunk is one batched engine
+call of a fixed batch size (edge chunks, and chunks with infeasible points, are padded by
+repeating their last configuration, so every call reuses one compilation; a chunk of infeasible
+points only makes no call); the batch is padded to a multiple of the device count and its
 configuration axis is sharded over the devices with
 `NamedSharding(Mesh(devices, ("config",)), PartitionSpec("config"))`, each device running its
 slice under `shard_map` (no cross-device traffic inside the event loop). Results do not depend on
@@ -46,13 +71,14 @@ rectangular block of that array, the zarr chunk shape *is* the compute chunk sha
 chunk is one `Dataset.to_zarr(region=...)` write that touches only its own zarr chunk files (zarr
 writes each file atomically), so a killed process can never damage a chunk already written and
 several hosts never write the same file. The store is created up front as a template of the full
-shape (no data files: unwritten chunks read as the fill values, NaN or 0). A boolean variable
-`done` (same dimensions, same chunks) is written after each chunk's data; `--resume` recomputes
-exactly the chunks whose `done` is not set. Attributes hold the spec text, a fingerprint of the
-resolved spec (arch, kernel, grid; `--resume` refuses a store whose fingerprint differs) and the
-chunk shape. When every chunk is done, `OUT/sweep.nc` (netCDF4 via h5netcdf, without `done`) is
-written from the store. `open_result(path)` opens either (a folder, `.zarr` or `.nc`) and checks
-completeness.
+shape (no data files: unwritten chunks read as the fill values, NaN or 0; `feasible` and
+`infeasible_reason`, known from the spec, are written with it). A boolean variable `done` (same
+dimensions, same chunks) is written after each chunk's data; `--resume` recomputes exactly the
+chunks whose `done` is not set. Attributes hold the spec text, a fingerprint of the resolved spec
+(arch, kernel, grid, design samples; `--resume` refuses a store whose fingerprint differs) and
+the chunk shape. When every chunk is done, `OUT/sweep.nc` (netCDF4 via h5netcdf, without `done`)
+is written from the store. `open_result(path)` opens either (a folder, `.zarr` or `.nc`) and
+checks completeness.
 
 Several hosts
 -------------
@@ -81,7 +107,6 @@ import dataclasses
 import datetime
 import functools
 import hashlib
-import itertools
 import math
 import os
 import shutil
@@ -90,45 +115,71 @@ import threading
 import time
 import tomllib
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import jax
 import numpy as np
 import xarray as xr
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from . import __version__, archio, clocks, freqmap, presets
+from . import sweep_design, sweep_paths
 from .arch import Arch
 from .engine import run as engine_run
 from .engine.run import Result, simulate_batch
 from .engine.state import STALL_REASONS
 from .errors import JaxschedError, check
 from .kernel import Kernel, kernel_from_dict, load_kernel
-from .lower import DISPATCH_POLICIES, WARP_POLICIES, validate
+from .lower import DISPATCH_POLICIES, WARP_POLICIES, shapes_for, validate
+from .occupancy import check_launch, occupancy
+from .sweep_design import CONFIG_DIM, Design, design_coords
+from .sweep_paths import Point
 
-_POLICY_KEYS = {"warp": WARP_POLICIES, "dispatch": DISPATCH_POLICIES, "dispatch_start": None}
-_CLOCK_KEYS = ("model", "mean_ghz", "sigma", "sigma_die", "corr_length_mm", "ir_drop")
-_CLOCK_MODELS = ("gaussian", "variation")
-_TOP_KEYS = ("title", "arch", "kernel", "replicates", "seed", "chunk", "clocks", "policy", "grid")
+_TOP_KEYS = ("title", "arch", "kernel", "replicates", "seed", "chunk", "grid", "design") + sweep_paths.TABLES
+_LAUNCH_GROUPS = ("arch", "kernel")  # the path groups that decide whether a point can launch
 
 
 @dataclasses.dataclass(frozen=True)
 class Sweep:
-    """A parsed, validated sweep."""
+    """A parsed, validated sweep: the base point, the grid, the design, and per point (grid
+    dimensions x design samples) whether it can launch."""
 
     title: str
     text: str
-    arch: Arch
-    kernel: Kernel
-    clocks: dict
-    policy: dict
+    base: Point
     grid: dict[str, list]
+    design: Design | None
     replicates: int
     seed: int
     chunk: int | None  # configurations per batched call; None: sized to device memory
+    feasible: np.ndarray  # bool, point shape
+    infeasible_reason: np.ndarray  # str, point shape ("" where feasible)
+    max_grid_ctas: int  # the largest grid of any feasible point (sizes the engine state)
+
+    @property
+    def arch(self) -> Arch:
+        return self.base["arch"]
+
+    @property
+    def kernel(self) -> Kernel:
+        return self.base["kernel"]
+
+    @property
+    def point_shape(self) -> tuple[int, ...]:
+        return tuple(len(v) for v in self.grid.values()) + ((self.design.samples,) if self.design else ())
 
     @property
     def n_configs(self) -> int:
-        return int(np.prod([len(v) for v in self.grid.values()], dtype=np.int64)) * self.replicates
+        return math.prod(self.point_shape) * self.replicates
+
+    def assignments(self, index: Sequence[int]) -> list[tuple[str, object]]:
+        """(path, value) pairs of the point at `index` (grid indices, then the sample)."""
+        pairs = [(path, values[i]) for (path, values), i in zip(self.grid.items(), index)]
+        if self.design:
+            pairs += [(path, v[index[-1]].item()) for path, v in self.design.values.items()]
+        return pairs
+
+    def point(self, index: Sequence[int]) -> dict:
+        return sweep_paths.assign_all(self.base, self.assignments(index), _point_label(self, index))
 
 
 def load(path: str | Path) -> Sweep:
@@ -138,6 +189,7 @@ def load(path: str | Path) -> Sweep:
 
 
 def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Sweep:
+    """Parse and validate a spec (module docstring); every point is checked, nothing runs."""
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -149,93 +201,166 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Swee
     check("kernel" in doc, f"{source}: kernel", None, "required (a kernel TOML path or a [kernel] table)")
     kspec = doc["kernel"]
     kernel = (kernel_from_dict(kspec, source) if isinstance(kspec, dict) else load_kernel(base_dir / kspec))
-    clk = {"model": "gaussian", "mean_ghz": float(arch.boost_clock_ghz), "sigma": 0.0,
-           "sigma_die": 0.0, "corr_length_mm": float(freqmap.default_corr_length_mm(arch)),
-           "ir_drop": False, **doc.get("clocks", {})}
-    for key in clk:
-        check(key in _CLOCK_KEYS, f"{source}: clocks.{key}", clk[key], f"expected one of {_CLOCK_KEYS}")
-    check(clk["model"] in _CLOCK_MODELS, f"{source}: clocks.model", clk["model"], f"one of {_CLOCK_MODELS}")
-    check(isinstance(clk["ir_drop"], bool), f"{source}: clocks.ir_drop", clk["ir_drop"], "true or false")
-    policy = {"warp": "gto", "dispatch": "hardware", "dispatch_start": 0, **doc.get("policy", {})}
-    for key in policy:
-        check(key in _POLICY_KEYS, f"{source}: policy.{key}", policy[key], f"expected one of {tuple(_POLICY_KEYS)}")
-    grid = doc.get("grid", {})
-    check(isinstance(grid, dict), f"{source}: grid", grid, "a table of path = [values]")
+    base = {"arch": arch, "kernel": kernel}
+    for name in sweep_paths.TABLES:
+        base[name] = sweep_paths.GROUPS[name].base(doc.get(name, {}), arch, f"{source}: {name}")
+    seed = doc.get("seed", 0)
+    check(isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0, f"{source}: seed", seed, "an integer >= 0")
+    replicates = doc.get("replicates", 1)
+    check(isinstance(replicates, int) and not isinstance(replicates, bool) and replicates >= 1,
+          f"{source}: replicates", replicates, "an integer >= 1")
+    chunk = doc.get("chunk")
+    check(chunk is None or (isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 1),
+          f"{source}: chunk", chunk, "an integer >= 1")
+    grid = _parse_grid(doc.get("grid", {}), base, source)
+    design = None
+    if "design" in doc:
+        design = sweep_design.parse(
+            doc["design"], default_seed=seed, where=f"{source}: design",
+            kind_of=lambda path, value, where: sweep_paths.kind(base, path, where, value),
+            check_value=lambda path, value, where: sweep_paths.assign(base, path, value, where))
+    swept = [(f"grid.{p}", p) for p in grid] + [(f"design.{f.path}", f.path) for f in (design.factors if design else ())]
+    _check_distinct_paths(base, swept, source)
+    partial = Sweep(title=str(doc.get("title", source)), text=text, base=base, grid=grid, design=design,
+                    replicates=replicates, seed=seed, chunk=chunk, feasible=np.ones((), bool),
+                    infeasible_reason=np.asarray(""), max_grid_ctas=int(kernel.grid_ctas))
+    feasible, reasons, max_grid = _check_points(partial, source)
+    return dataclasses.replace(partial, feasible=feasible, infeasible_reason=reasons, max_grid_ctas=max_grid)
+
+
+def _parse_grid(grid: object, base: Point, source: str) -> dict[str, list]:
+    check(isinstance(grid, dict), f"{source}: grid", grid, 'a table of "path" = [values]')
     for path, values in grid.items():
-        check(isinstance(values, list) and len(values) > 0, f"{source}: grid.{path}", values,
-              "a non-empty list of values")
+        where = f"{source}: grid.{path}"
+        check(isinstance(values, list) and len(values) > 0, where, values, "a non-empty list of values")
         for v in values:
-            _apply(path, v, arch, kernel, dict(clk), dict(policy), source)  # validates path + value
-    replicates = int(doc.get("replicates", 1))
-    check(replicates >= 1, f"{source}: replicates", replicates, ">= 1")
-    sweep = Sweep(
-        title=str(doc.get("title", source)), text=text, arch=arch, kernel=kernel, clocks=clk,
-        policy=policy, grid=dict(grid), replicates=replicates, seed=int(doc.get("seed", 0)),
-        chunk=int(doc["chunk"]) if "chunk" in doc else None,
-    )
-    check(sweep.chunk is None or sweep.chunk >= 1, f"{source}: chunk", sweep.chunk, ">= 1")
-    return sweep
+            sweep_paths.assign(base, path, v, where)
+    return dict(grid)
 
 
-def _apply(path: str, value, arch: Arch, kernel: Kernel, clk: dict, policy: dict, source: str = "grid"):
-    """Set one dotted path; returns the updated (arch, kernel, clocks, policy). Validates."""
-    head, _, field = path.partition(".")
-    where = f"{source}: grid.{path}"
-    if head == "policy":
-        check(field in _POLICY_KEYS, where, value, f"policy fields: {tuple(_POLICY_KEYS)}")
-        known = _POLICY_KEYS[field]
-        if known is not None:
-            check(value in known, where, value, f"one of {known}")
-        else:
-            check(isinstance(value, int), where, value, "an integer")
-        policy[field] = value
-    elif head == "clocks":
-        numeric = tuple(k for k in _CLOCK_KEYS if k not in ("model", "ir_drop"))
-        if field == "model":
-            check(value in _CLOCK_MODELS, where, value, f"one of {_CLOCK_MODELS}")
-        elif field == "ir_drop":
-            check(isinstance(value, bool), where, value, "true or false")
-        else:
-            check(field in numeric, where, value, f"clocks fields: {_CLOCK_KEYS}")
-            check(isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0,
-                  where, value, "a number >= 0")
-            value = float(value)
-        clk[field] = value
-    elif head in ("arch", "kernel"):
-        obj = arch if head == "arch" else kernel
-        names = [f.name for f in dataclasses.fields(obj) if np.ndim(getattr(obj, f.name)) == 0
-                 and not isinstance(getattr(obj, f.name), str)]
-        check(field in names, where, value, f"scalar {head} fields: {names}")
-        check(isinstance(value, (int, float)) and not isinstance(value, bool), where, value, "a number")
-        old = np.asarray(getattr(obj, field))
-        try:
-            obj = obj.replace(**{field: np.asarray(value, dtype=old.dtype)})
-        except JaxschedError as exc:
-            raise JaxschedError(where, value, exc.limit) from None
-        if head == "arch":
-            arch = obj
-        else:
-            kernel = obj
-    else:
-        raise JaxschedError(where, value, "paths start with policy., clocks., kernel. or arch.")
-    return arch, kernel, clk, policy
+def _check_distinct_paths(base: Point, swept: list[tuple[str, str]], source: str) -> None:
+    """No field is set by two swept paths (aliases and derived paths included); `swept` holds
+    (where in the spec, path) pairs."""
+    seen: dict[str, str] = {}
+    for label, path in swept:
+        for target in sweep_paths.writes(sweep_paths.canonical(base, path, f"{source}: {label}")):
+            check(target not in seen, f"{source}: {label}", path,
+                  f"sets {target}, which {seen.get(target)} also sets; sweep each field in one place")
+            seen[target] = label
 
 
-def configurations(sweep: Sweep):
-    """Yield (grid index tuple, replicate, arch, kernel, clocks, warp, dispatch, start), in
-    C order over (grid dimensions..., replicate)."""
-    for combo in itertools.product(*(range(len(v)) for v in sweep.grid.values())):
-        yield from _grid_point_configs(sweep, combo, range(sweep.replicates))
+def _point_label(sweep: Sweep, index: Sequence[int]) -> str:
+    """A point for error messages: its grid values, its design sample and that sample's values."""
+    label = ", ".join(f"{p}={v!r}" for p, v in sweep.assignments(index))
+    where = f"design sample {index[-1]}" if sweep.design else ("grid point" if sweep.grid else "base point")
+    return f"{where} ({label})" if label else where
 
 
-def _grid_point_configs(sweep: Sweep, combo: tuple[int, ...], replicates: Sequence[int]) -> list:
-    arch, kernel, clk, policy = sweep.arch, sweep.kernel, dict(sweep.clocks), dict(sweep.policy)
-    for key, i in zip(sweep.grid, combo):
-        arch, kernel, clk, policy = _apply(key, sweep.grid[key][i], arch, kernel, clk, policy)
-    validate(arch, kernel, clocks.uniform(arch))
-    return [(tuple(combo), r, arch, kernel, clock_map(arch, clk, sweep.seed * 1_000_003 + r),
-             WARP_POLICIES.index(policy["warp"]), DISPATCH_POLICIES.index(policy["dispatch"]),
-             int(policy["dispatch_start"])) for r in replicates]
+def _launch_refusal(arch: Arch, kernel: Kernel) -> str | None:
+    """Why CUDA would refuse this launch (resources beyond the chip's limits), or None."""
+    try:
+        check_launch(arch, kernel.threads_per_cta, kernel.regs_per_thread, kernel.dynamic_smem_bytes,
+                     kernel.static_smem_bytes)
+    except JaxschedError as exc:
+        return str(exc)
+    occ = occupancy(arch, kernel.threads_per_cta, kernel.regs_per_thread, kernel.dynamic_smem_bytes,
+                    kernel.static_smem_bytes)
+    if int(occ.blocks_per_sm) == 0:
+        return (f"{int(kernel.threads_per_cta)} threads x {int(kernel.regs_per_thread)} registers: a CTA "
+                f"fits on no SM of {arch.name} (limited by {', '.join(occ.limiters())})")
+    return None
+
+
+def _static_shapes(arch: Arch, kernel: Kernel):
+    return dataclasses.replace(shapes_for(arch, kernel), max_ctas=0)
+
+
+def _check_points(sweep: Sweep, source: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """Feasibility and reason of every point, and the largest feasible grid; raises for a point
+    that fails otherwise.
+
+    Only the `_LAUNCH_GROUPS` paths matter here (less `sweep_paths.VALUE_ONLY`), so points are
+    checked once per distinct assignment of those (a grid over policies and clocks is checked
+    once).
+    """
+    shape = sweep.point_shape
+    swept = list(sweep.grid) + [f.path for f in (sweep.design.factors if sweep.design else ())]
+    relevant = {p for p in swept if p.split(".", 1)[0] in _LAUNCH_GROUPS
+                and sweep_paths.canonical(sweep.base, p, source) not in sweep_paths.VALUE_ONLY}
+    feasible = np.ones(shape, dtype=bool)
+    reasons = np.full(shape, "", dtype=object)
+    shapes0 = _static_shapes(sweep.arch, sweep.kernel)
+    checked: dict[tuple, str | None] = {}
+    max_grid = 1
+    for index in np.ndindex(*shape):
+        key = tuple((p, v) for p, v in sweep.assignments(index) if p in relevant)
+        if key not in checked:
+            label = _point_label(sweep, index)
+            point = sweep_paths.assign_all(sweep.base, key, f"{source}: {label}")
+            arch, kernel = point["arch"], point["kernel"]
+            refusal = _launch_refusal(arch, kernel)
+            if refusal is None:
+                try:
+                    validate(arch, kernel, clocks.uniform(arch))
+                except JaxschedError as exc:
+                    raise JaxschedError(f"{source}: {label}: {exc.field}", exc.value, exc.limit) from None
+                got = _static_shapes(arch, kernel)
+                changed = [f"{f.name} {getattr(shapes0, f.name)} -> {getattr(got, f.name)}"
+                           for f in dataclasses.fields(got) if getattr(got, f.name) != getattr(shapes0, f.name)]
+                check(not changed, f"{source}: {label}", "; ".join(changed),
+                      "changes the engine's static array sizes; every configuration of a sweep must share them")
+                max_grid = max(max_grid, int(kernel.grid_ctas))
+            checked[key] = refusal
+        if checked[key] is not None:
+            feasible[index], reasons[index] = False, checked[key]
+    check(bool(feasible.any()), f"{source}: every point", str(reasons.flat[0]),
+          "no configuration of this sweep can launch")
+    return feasible, reasons.astype(str), max_grid
+
+
+class Config(NamedTuple):
+    """One configuration, ready for the engine."""
+
+    index: tuple[int, ...]  # point index: grid dimensions..., design sample
+    replicate: int
+    arch: Arch
+    kernel: Kernel
+    clocks: clocks.Clocks
+    warp_policy: int
+    dispatch: int
+    dispatch_start: int
+    dispatch_weight: np.ndarray | None  # None: the SM clocks in MHz
+    ema_alpha: float
+    ema_prior_ns: float
+
+
+def engine_config(sweep: Sweep, point: Point, index: tuple[int, ...], replicate: int) -> Config:
+    """The engine inputs of one point and replicate (the place where swept groups reach the
+    engine call)."""
+    arch, policy = point["arch"], point["policy"]
+    weight = None if policy["weights"] == "clocks" else np.ones(arch.n_sm_slots, dtype=np.int32)
+    return Config(
+        index=tuple(index), replicate=replicate, arch=arch, kernel=point["kernel"],
+        clocks=clock_map(arch, point["clocks"], sweep.seed * 1_000_003 + replicate),
+        warp_policy=WARP_POLICIES.index(policy["warp"]), dispatch=DISPATCH_POLICIES.index(policy["dispatch"]),
+        dispatch_start=policy["dispatch_start"], dispatch_weight=weight, ema_alpha=policy["ema_alpha"],
+        ema_prior_ns=policy["ema_prior_ns"])
+
+
+def point_configs(sweep: Sweep, points: Sequence[tuple[int, ...]], replicates: Sequence[int]) -> list[Config]:
+    """The configurations of the feasible `points` x `replicates`, in that (C) order."""
+    out = []
+    for index in points:
+        if sweep.feasible[index]:
+            point = sweep.point(index)
+            out.extend(engine_config(sweep, point, index, r) for r in replicates)
+    return out
+
+
+def configurations(sweep: Sweep) -> Iterator[Config]:
+    """Every configuration that runs (feasible points), in C order over (points..., replicate)."""
+    for index in np.ndindex(*sweep.point_shape):
+        yield from point_configs(sweep, [index], range(sweep.replicates))
 
 
 def clock_map(arch: Arch, clk: dict, seed: int) -> clocks.Clocks:
@@ -266,9 +391,19 @@ _CPU_CHUNK_PER_DEVICE = 64  # when the backend reports no memory figures
 _MAX_CHUNK_PER_DEVICE = 4096
 
 
+def dim_name(path: str) -> str:
+    """The dataset name of a swept path: dots become underscores."""
+    return path.replace(".", "_")
+
+
+def point_dims(sweep: Sweep) -> tuple[str, ...]:
+    """Dimensions of the points: one per grid path, then `config` for a design."""
+    return tuple(dim_name(k) for k in sweep.grid) + ((CONFIG_DIM,) if sweep.design else ())
+
+
 def sweep_dims(sweep: Sweep) -> tuple[str, ...]:
-    """Dataset dimensions of the configuration array: one per swept path, then `replicate`."""
-    return tuple(k.replace(".", "_") for k in sweep.grid) + ("replicate",)
+    """Dataset dimensions of the configuration array: the point dimensions, then `replicate`."""
+    return point_dims(sweep) + ("replicate",)
 
 
 def block_shape(shape: Sequence[int], chunk: int) -> tuple[int, ...]:
@@ -283,7 +418,7 @@ def block_shape(shape: Sequence[int], chunk: int) -> tuple[int, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
-    """The configuration array (grid dimensions x replicate) cut into rectangular chunks."""
+    """The configuration array (grid dimensions x config x replicate) cut into rectangular chunks."""
 
     dims: tuple[str, ...]
     shape: tuple[int, ...]
@@ -324,17 +459,17 @@ class Layout:
 
 
 def make_layout(sweep: Sweep, chunk: int) -> Layout:
-    shape = tuple(len(v) for v in sweep.grid.values()) + (sweep.replicates,)
+    shape = sweep.point_shape + (sweep.replicates,)
     return Layout(sweep_dims(sweep), shape, block_shape(shape, chunk))
 
 
-def chunk_configs(sweep: Sweep, layout: Layout, i: int) -> list:
-    """The configurations of chunk `i`, in C order over its region."""
-    *grid, reps = layout.region(i)
-    out = []
-    for combo in itertools.product(*(range(s.start, s.stop) for s in grid)):
-        out.extend(_grid_point_configs(sweep, combo, range(reps.start, reps.stop)))
-    return out
+def chunk_configs(sweep: Sweep, layout: Layout, i: int) -> list[Config]:
+    """The configurations of chunk `i` that run (feasible points), in C order over its region."""
+    *points, reps = layout.region(i)
+    indices = [tuple(int(j) for j in ix) for ix in np.ndindex(*(s.stop - s.start for s in points))]
+    starts = [s.start for s in points]
+    return point_configs(sweep, [tuple(a + b for a, b in zip(ix, starts)) for ix in indices],
+                         range(reps.start, reps.stop))
 
 
 # ----------------------------------------------------------------------------- devices
@@ -423,16 +558,19 @@ class Runner:
         return (f"{len(self.devices)} x {d.platform} ({', '.join(kinds)})"
                 + (f", process {jax.process_index()} of {jax.process_count()}" if jax.process_count() > 1 else ""))
 
-    def __call__(self, configs: list, batch: int) -> Result:
+    def __call__(self, configs: list[Config], batch: int) -> Result:
         n = len(configs)
         padded = configs + configs[-1:] * (batch - n)
-        cols = [list(col) for col in zip(*padded)][2:]
+        col = {name: [getattr(c, name) for c in padded] for name in Config._fields}
+        args = [col[name] for name in ("arch", "kernel", "clocks", "warp_policy", "dispatch", "dispatch_start")]
+        kwargs = dict(dispatch_weight=col["dispatch_weight"], ema_alpha=np.asarray(col["ema_alpha"]),
+                      ema_prior_ns=np.asarray(col["ema_prior_ns"]))
         if self.mesh is None:
             with jax.default_device(self.devices[0]):
-                result = simulate_batch(*cols)
+                result = simulate_batch(*args, **kwargs)
         else:
             with _sharded_engine(self.mesh):
-                result = simulate_batch(*cols)
+                result = simulate_batch(*args, **kwargs)
         return jax.tree.map(lambda x: x[:n], result)
 
 
@@ -455,10 +593,8 @@ def auto_chunk(sweep: Sweep, devices: Sequence) -> int:
 
 def _bytes_per_config(sweep: Sweep) -> int:
     from .engine.state import initial_state
-    from .lower import shapes_for
 
-    grids = [int(v) for v in sweep.grid.get("kernel.grid_ctas", [])] + [int(sweep.kernel.grid_ctas)]
-    shapes = dataclasses.replace(shapes_for(sweep.arch, sweep.kernel), max_ctas=max(grids))
+    shapes = dataclasses.replace(shapes_for(sweep.arch, sweep.kernel), max_ctas=sweep.max_grid_ctas)
     with jax.enable_x64(True):
         state = jax.eval_shape(lambda: initial_state(shapes))
     return 8 * sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(state)) + (1 << 16)
@@ -486,7 +622,7 @@ def _fill(dtype) -> object:
     return np.nan if np.issubdtype(dtype, np.floating) else dtype(0)
 
 
-def _variables(sweep: Sweep, configs: list, result: Result) -> dict[str, np.ndarray]:
+def _variables(sweep: Sweep, configs: list[Config], result: Result) -> dict[str, np.ndarray]:
     """Per-configuration outputs (leading axis: the configurations), enabled SMs only."""
     enabled = np.asarray(sweep.arch.sm_enabled)
 
@@ -502,7 +638,7 @@ def _variables(sweep: Sweep, configs: list, result: Result) -> dict[str, np.ndar
         "sm_busy_cycles": busy,
         "sm_cycles": cycles,
         "sm_utilisation": busy / np.maximum(cycles, 1),
-        "sm_freq_mhz": np.stack([np.asarray(c[4].sm_freq_mhz)[enabled] for c in configs]),
+        "sm_freq_mhz": np.stack([np.asarray(c.clocks.sm_freq_mhz)[enabled] for c in configs]),
         "ipc": per_sm("sm_issued") / np.maximum(busy, 1),
         "achieved_occupancy": per_sm("sm_warp_cycles") / np.maximum(busy, 1) / result.max_warps_per_sm,
         "stall_fraction": stalls / np.maximum(stalls.sum(-1, keepdims=True), 1),
@@ -510,22 +646,38 @@ def _variables(sweep: Sweep, configs: list, result: Result) -> dict[str, np.ndar
     return {k: v.astype(VARIABLES[k][1]) for k, v in values.items()}
 
 
+def _unfilled(sweep: Sweep, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """Every variable at its fill value (NaN, or 0 for counts) over configurations `shape`."""
+    return {name: np.full(shape + _extra_shape(sweep, extra), _fill(dtype), dtype=dtype)
+            for name, (extra, dtype, _) in VARIABLES.items()}
+
+
 def _compute_chunk(sweep: Sweep, layout: Layout, i: int, runner: Runner, batch: int) -> dict[str, np.ndarray]:
-    """Variables of chunk `i`, shaped like its region (plus `sm`/`stall_reason`)."""
+    """Variables of chunk `i`, shaped like its region (plus `sm`/`stall_reason`); infeasible
+    points keep the fill values."""
+    region = layout.region(i)
+    shape = tuple(s.stop - s.start for s in region)
+    out = _unfilled(sweep, shape)
     configs = chunk_configs(sweep, layout, i)
-    values = _variables(sweep, configs, runner(configs, batch))
-    shape = tuple(s.stop - s.start for s in layout.region(i))
-    return {k: v.reshape(shape + v.shape[1:]) for k, v in values.items()}
+    if configs:
+        runs = np.broadcast_to(sweep.feasible[region[:-1]][..., None], shape)
+        for name, v in _variables(sweep, configs, runner(configs, batch)).items():
+            out[name][runs] = v
+    return out
 
 
 def fingerprint(sweep: Sweep) -> str:
-    """SHA-256 of the spec text and the resolved arch and kernel (files named by the spec may
-    change while its text does not)."""
+    """SHA-256 of the spec text, the resolved arch and kernel (files named by the spec may
+    change while its text does not) and the design's samples (a library update could change
+    them)."""
     h = hashlib.sha256(sweep.text.encode())
     h.update(archio.dumps(sweep.arch).encode())
     for f in dataclasses.fields(sweep.kernel):
         h.update(f.name.encode())
         h.update(np.asarray(getattr(sweep.kernel, f.name)).tobytes())
+    for path, values in (sweep.design.values.items() if sweep.design else ()):
+        h.update(path.encode())
+        h.update(np.asarray(values).tobytes())
     return h.hexdigest()
 
 
@@ -539,13 +691,15 @@ def _attrs(sweep: Sweep, layout: Layout, device: str) -> dict:
         "arch": sweep.arch.name,
         "kernel": sweep.kernel.name,
         "seed": sweep.seed,
-        "swept_paths": list(sweep.grid) + ["replicate"],
+        "swept_paths": list(sweep.grid) + ([CONFIG_DIM] if sweep.design else []) + ["replicate"],
         "die_width_mm": round(float(die[0]), 4),
         "die_height_mm": round(float(die[1]), 4),
         "chunk_shape": list(layout.block),
         "fingerprint": fingerprint(sweep),
         "store_version": STORE_VERSION,
         "spec": sweep.text,
+        **({"design": sweep.design.describe(), "design_paths": [f.path for f in sweep.design.factors]}
+           if sweep.design else {}),
     }
 
 
@@ -555,7 +709,16 @@ def _dataset(sweep: Sweep, layout: Layout, arrays: dict, attrs: dict, done=None)
     data = {name: (layout.dims + extra, arrays[name], dict(a)) for name, (extra, _, a) in VARIABLES.items()}
     if done is not None:
         data["done"] = (layout.dims, done, {"long_name": "configuration computed and written (resume record)"})
+    points = point_dims(sweep)
+    data["feasible"] = (points, sweep.feasible, {"long_name": "the point's kernel can launch (else not run: NaN)"})
+    data["infeasible_reason"] = (points, sweep.infeasible_reason,
+                                 {"long_name": "why the launch is refused ('' where feasible)"})
     coords = {d: list(v) for d, v in zip(layout.dims, sweep.grid.values())}
+    if sweep.design:
+        coords[CONFIG_DIM] = np.arange(sweep.design.samples)
+        for f in sweep.design.factors:
+            coords[dim_name(f.path)] = (CONFIG_DIM, sweep.design.values[f.path],
+                                        {"long_name": f"sampled {f.path}", "path": f.path, "range": f.describe()})
     coords.update(
         replicate=np.arange(sweep.replicates),
         sm=np.flatnonzero(enabled),
@@ -580,8 +743,7 @@ def run(sweep: Sweep, progress: Callable[[int, int, float], None] | None = None,
     """Run every configuration in chunks and return the dataset (in memory, no store)."""
     runner = Runner(devices)
     layout = make_layout(sweep, chunk or sweep.chunk or auto_chunk(sweep, runner.devices))
-    arrays = {name: np.full(layout.shape + _extra_shape(sweep, extra), _fill(dtype), dtype=dtype)
-              for name, (extra, dtype, _) in VARIABLES.items()}
+    arrays = _unfilled(sweep, layout.shape)
     batch = runner.batch_size(layout.chunk_size)
     t0, done = time.perf_counter(), 0
     for i in range(layout.n_chunks):
@@ -603,8 +765,8 @@ def create_store(path: Path, sweep: Sweep, layout: Layout, device: str) -> None:
               for name, (extra, dtype, _) in VARIABLES.items()}
     ds = _dataset(sweep, layout, arrays, _attrs(sweep, layout, device),
                   done=np.broadcast_to(np.asarray(False), layout.shape))
-    encoding = {name: {"chunks": layout.block + _extra_shape(sweep, VARIABLES.get(name, ((),))[0])}
-                for name in ds.data_vars}
+    block = dict(ds.sizes) | dict(zip(layout.dims, layout.block))  # sm, stall_reason: whole
+    encoding = {name: {"chunks": tuple(block[d] for d in ds[name].dims)} for name in ds.data_vars}
     tmp = path.with_name(path.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     ds.to_zarr(tmp, mode="w", encoding=encoding, zarr_format=2, consolidated=True)
@@ -651,8 +813,9 @@ def _check_resumable(ds: xr.Dataset, sweep: Sweep, path: Path) -> None:
                             "to start over, or use another -o")
     if ds.attrs.get("fingerprint") != fingerprint(sweep):
         raise JaxschedError(str(path), "spec changed",
-                            "the spec text is the same but the arch or kernel it names changed; run "
-                            "without --resume to start over, or use another -o")
+                            "the spec text is the same but what it resolves to changed (the arch or "
+                            "kernel files it names, or the design samples after a library update); "
+                            "run without --resume to start over, or use another -o")
 
 
 def open_result(path: str | Path, *, partial: bool = False) -> xr.Dataset:
@@ -783,6 +946,9 @@ def execute(
     batch = runner.batch_size(layout.chunk_size)
     log(f"{layout.n_configs} configurations in {layout.n_chunks} chunks of shape {layout.block} "
         f"(batch {batch}) on {runner.describe()}" + (f"; this process: {len(mine)} chunks" if n_proc > 1 else ""))
+    if not sweep.feasible.all():
+        log(f"{int((~sweep.feasible).sum())} of {sweep.feasible.size} points cannot launch and are not run "
+            f"(feasible = False, NaN results), e.g. {sweep.infeasible_reason[~sweep.feasible].flat[0]}")
     reporter = progress(total, already) if progress else None
     computed, interrupted = 0, False
     throttle = float(os.environ.get(THROTTLE_ENV, "0") or 0)
@@ -882,9 +1048,21 @@ def describe(path: str | Path) -> str:
     paths = list(np.atleast_1d(a.get("swept_paths", sweep_dims_)))
     lines.append("  swept:")
     for d, path_ in zip(sweep_dims_, paths):
+        if d == CONFIG_DIM:
+            lines.append(f"    {d} ({a.get('design', 'design')}):")
+            lines.extend(f"      {c} ({ds[c].attrs.get('path', c)} in {ds[c].attrs.get('range', '?')}): "
+                         f"{_summary(ds[c].values)}" for c in design_coords(ds))
+            continue
         values = ds[d].values
         shown = ", ".join(str(v) for v in values[:12]) + (", ..." if len(values) > 12 else "")
         lines.append(f"    {d} ({path_}): {shown}")
+    if "feasible" in ds:
+        feasible = np.asarray(ds["feasible"].values, dtype=bool)
+        line = f"  feasible    : {int(feasible.sum())}/{feasible.size} points"
+        if not feasible.all():
+            first = str(np.asarray(ds["infeasible_reason"].values)[~feasible].flat[0])
+            line += f"; the others cannot launch (NaN results), e.g. {first}"
+        lines.append(line)
     if "done" in ds:
         layout = store_layout(ds)
         done = np.asarray(ds["done"].values, dtype=bool)
@@ -895,5 +1073,13 @@ def describe(path: str | Path) -> str:
     else:
         lines.append(f"  completion  : complete ({int(np.prod([ds.sizes[d] for d in sweep_dims_]))} configurations, netCDF)")
     lines.append("  variables   : " + ", ".join(
-        f"{k} [{ds[k].attrs.get('units', '')}]" for k in ds.data_vars if k != "done"))
+        f"{k} [{ds[k].attrs.get('units', '')}]" for k in ds.data_vars if k in VARIABLES))
     return "\n".join(lines)
+
+
+def _summary(values: np.ndarray) -> str:
+    """min .. max of numbers, or each value's count."""
+    if np.issubdtype(values.dtype, np.number) and values.dtype.kind != "b":
+        return f"{values.min():.6g} .. {values.max():.6g} ({len(np.unique(values))} distinct)"
+    kinds, counts = np.unique(values, return_counts=True)
+    return ", ".join(f"{k} x{n}" for k, n in zip(kinds, counts))

@@ -1,4 +1,5 @@
-"""Plots: each kind renders a non-trivial PNG (and SVG), through the API and `jaxsched plot`."""
+"""Plots: each kind renders a non-trivial PNG (and SVG), through the API and `jaxsched plot`, on
+grid sweeps and on a Latin-hypercube design sweep (crossed with a grid)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,18 @@ mean_ghz = 1.8
 "clocks.sigma" = [0.0, 0.05, 0.1]
 """
 
+# Same kernel and batch size (6) as SPEC: one compilation for both sweeps.
+DESIGN_SPEC = SPEC.replace('title = "plots"', 'title = "design plots"').replace('"clocks.sigma" = [0.0, 0.05, 0.1]\n', "") + """
+[design]
+kind = "lhs"
+samples = 6
+seed = 2
+
+[design.ranges]
+"clocks.sigma" = [0.0, 0.2]
+"policy.dispatch" = ["hardware", "closed_loop"]
+"""
+
 KERNEL = """
 [kernel]
 name = "tiny"
@@ -58,6 +71,17 @@ def ds(out) -> xr.Dataset:
     return sweep.open_result(out)
 
 
+@pytest.fixture(scope="module")
+def design_out(tmp_path_factory) -> Path:
+    """A finished design sweep: policy_warp (grid) x config (6 LHS samples) x replicate."""
+    folder = tmp_path_factory.mktemp("design_plots")
+    (folder / "spec.toml").write_text(DESIGN_SPEC)
+    spec = sweep.load(folder / "spec.toml")
+    assert sweep.make_layout(spec, spec.chunk).chunk_size == 6
+    assert sweep.execute(spec, folder, log=lambda _: None).complete
+    return folder
+
+
 def _nontrivial(path: Path, min_bytes: int = 8000) -> None:
     assert path.is_file() and path.stat().st_size > min_bytes, path
 
@@ -72,6 +96,40 @@ def test_dataset_has_floorplan_coordinates(ds):
 def test_makespan_plot(ds, tmp_path):
     _nontrivial(plot.makespan(ds, tmp_path / "m.png", x="clocks_sigma"))
     _nontrivial(plot.makespan(ds, tmp_path / "m.svg", x="policy_warp"))
+
+
+def test_makespan_plot_on_a_design_sweep(design_out, tmp_path):
+    ds = sweep.open_result(design_out)
+    assert ds["makespan_ns"].dims == ("policy_warp", "config", "replicate")
+    _nontrivial(plot.makespan(ds, tmp_path / "d.png"))  # x: the first numeric sampled parameter
+    _nontrivial(plot.makespan(ds, tmp_path / "d2.png", x="policy_dispatch"))  # categorical
+    _nontrivial(plot.makespan(ds, tmp_path / "d3.svg", x="policy_warp"))  # grid dimension
+    with pytest.raises(js.JaxschedError, match=r"sampled parameters \['clocks_sigma', 'policy_dispatch'\]"):
+        plot.makespan(ds, tmp_path / "x.png", x="config")
+    _nontrivial(plot.stalls(ds, tmp_path / "s.png"))  # averaged over the samples
+
+
+def test_binned_median_bins():
+    few = np.array([3.0, 1.0, 3.0, 2.0])
+    bins, centres = plot._bins(few)
+    np.testing.assert_array_equal(centres, [1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(bins, [2, 0, 2, 1])
+    many = np.linspace(0.0, 1.0, 200)
+    bins, centres = plot._bins(many)
+    assert len(centres) == plot._MAX_BINS and bins.min() == 0 and bins.max() == plot._MAX_BINS - 1
+    assert np.all(np.diff(bins) >= 0)  # monotone: each bin is an interval of x
+    assert np.all(np.abs(many - centres[bins]) <= 0.5 / plot._MAX_BINS + 1e-12)
+
+
+def test_cli_plot_on_a_design_sweep(design_out, tmp_path, capsys):
+    assert main(["plot", str(design_out)]) == 0  # kind makespan, default x
+    _nontrivial(design_out / "makespan.png")
+    target = tmp_path / "sigma.png"
+    assert main(["plot", str(design_out), "--kind", "makespan", "--x", "clocks_sigma", "-o", str(target)]) == 0
+    _nontrivial(target)
+    capsys.readouterr()
+    assert main(["plot", str(design_out), "--x", "kernel_trips"]) == 2
+    assert "sampled parameters" in capsys.readouterr().err
 
 
 def test_floorplan_plot(ds, tmp_path):
