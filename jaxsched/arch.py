@@ -49,6 +49,7 @@ _FLOAT_FIELDS = (
     "base_clock_ghz",
     "boost_clock_ghz",
     "power_limit_w",
+    "cta_launch_ns",
     "clock_step_mhz",
 )
 
@@ -110,6 +111,9 @@ class Arch(eqx.Module):
     boost_clock_ghz: Float[Array, ""]
     power_limit_w: Float[Array, ""]
     clock_step_mhz: Float[Array, ""]  # DVFS bin size
+
+    # --- CTA dispatch ---
+    cta_launch_ns: Float[Array, ""]  # a freed CTA slot takes this long to start its next CTA
 
     def __check_init__(self) -> None:
         if not all(_is_concrete(leaf) for leaf in (self.sm_enabled, self.max_threads_per_sm)):
@@ -207,7 +211,10 @@ def validate(arch: Arch) -> None:
           int(arch.reserved_smem_per_block_bytes), "must be >= 0")
     for key in _FLOAT_FIELDS:
         value = float(getattr(arch, key))
-        check(np.isfinite(value) and value > 0, key, value, "must be a positive finite number")
+        if key == "cta_launch_ns":
+            check(0 <= value <= 1e5, key, value, "a CTA launch latency in [0, 1e5] ns")
+        else:
+            check(np.isfinite(value) and value > 0, key, value, "must be a positive finite number")
     check(
         int(arch.max_threads_per_sm) % arch.warp_size == 0,
         "max_threads_per_sm",

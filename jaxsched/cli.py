@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import archio, clocks, presets
+from . import archio, clocks, presets, probe_cli
 from .arch import Arch
 from .errors import JaxschedError, check
 from .lower import DISPATCH_POLICIES, WARP_POLICIES
@@ -47,7 +47,7 @@ def cmd_arch(args: argparse.Namespace) -> int:
           f"{len(per_gpc)} GPCs (SMs per GPC: {per_gpc}), {len(np.unique(arch.sm_tpc[enabled]))} TPCs")
     print(f"  schedulers per SM: {arch.schedulers_per_sm}, warp size {arch.warp_size}")
     print(f"  dispatch order (first 16 %smid): {np.asarray(arch.dispatch_order)[:16].tolist()}")
-    for section in ("limits", "pipes", "memory", "clocks"):
+    for section in ("limits", "pipes", "memory", "clocks", "dispatch"):
         print(f"  [{section}]")
         for key, value in doc[section].items():
             print(f"    {key} = {value}")
@@ -391,6 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sel", action="append", metavar="DIM=VALUE",
                    help="fix a dimension (floorplan, stalls); repeatable")
     p.add_argument("--var", default=None, help="per-SM variable for --kind floorplan (default sm_utilisation)")
+    _COMMANDS["probe"] = probe_cli.add_parser(sub)  # issue 8: hardware probe
     return parser
 
 

@@ -25,6 +25,7 @@ from .isa import Op
 MODES = ("off", "dvfs", "lock")
 DOMAINS = ("chip", "gpc", "sm")
 T_REF_MK = 25_000  # leakage is specified at 25 C
+T_MIN_MK, T_MAX_MK = -273_000, 1_000_000  # temperatures saturate (a thermal runaway does not overflow)
 MAX_PERIOD_US = 100_000.0  # 0.1 s: periods and time constants stay int32 ticks at 10 GHz
 
 
@@ -223,10 +224,10 @@ def tick_mhz(d: Dvfs, cap_mhz: Int[Array, " sm"]) -> Int[Array, ""]:
 
 def lower_dvfs(d: Dvfs, arch: Arch, tick: Int[Array, ""]) -> DvfsLaunch:
     """`Dvfs` -> `DvfsLaunch` at tick rate `tick` MHz. Traceable."""
-    r = lambda x: jnp.round(jnp.asarray(x, jnp.float32)).astype(jnp.int32)  # noqa: E731
-    per_us = tick.astype(jnp.float32)
+    r = lambda x: jnp.round(jnp.asarray(x, jnp.float64)).astype(jnp.int32)  # noqa: E731
+    per_us = tick.astype(jnp.float64)
     period = jnp.maximum(1, r(d.period_us * per_us))
-    mk = lambda c: r(jnp.asarray(c, jnp.float32) * 1000.0)  # noqa: E731
+    mk = lambda c: r(jnp.asarray(c, jnp.float64) * 1000.0)  # noqa: E731
     n = arch.n_sm_slots
     ids = jnp.stack([jnp.zeros(n, jnp.int32), jnp.asarray(arch.sm_gpc, jnp.int32), jnp.arange(n, dtype=jnp.int32)])
     mode = jnp.asarray(d.mode, jnp.int32)
@@ -241,7 +242,7 @@ def lower_dvfs(d: Dvfs, arch: Arch, tick: Int[Array, ""]) -> DvfsLaunch:
         period_ticks=period,
         latency_ticks=jnp.clip(r(d.latency_us * per_us), 0, period),
         droop_delay_ticks=jnp.clip(r(d.droop_delay_us * per_us), 0, period),
-        phase_ticks=jnp.floor(jnp.asarray(d.phase, jnp.float32) * period.astype(jnp.float32)).astype(jnp.int32),
+        phase_ticks=jnp.floor(jnp.asarray(d.phase, jnp.float64) * period.astype(jnp.float64)).astype(jnp.int32),
         tau_ticks=jnp.maximum(1, r(d.tau_us * per_us)),
         cap_mw=r(d.power_cap_w * 1000.0),
         uncore_mw=r(d.uncore_w * 1000.0),

@@ -298,6 +298,17 @@ def make_kernel(
     )
 
 
+def pad_program(kernel: Kernel, n_instr: int) -> Kernel:
+    """`kernel` with its program padded by trailing EXITs to `n_instr` instructions (kernels of
+    different programs then share one compiled simulation)."""
+    extra = n_instr - kernel.n_instr
+    check(extra >= 0, "pad_to", n_instr, f"the program has {kernel.n_instr} instructions")
+    pad = lambda x, v: np.concatenate([np.asarray(x), np.full(extra, v, np.asarray(x).dtype)])  # noqa: E731
+    return kernel.replace(op=pad(kernel.op, int(Op.EXIT)), dep=pad(kernel.dep, False),
+                          bytes_per_warp=pad(kernel.bytes_per_warp, 0), bank_ways=pad(kernel.bank_ways, 1),
+                          grid_sync=pad(kernel.grid_sync, False))
+
+
 def resident_grid(arch, kernel: Kernel) -> int:
     """The number of CTAs that fit on `arch` at once: a persistent or cooperative kernel's grid."""
     from .occupancy import occupancy

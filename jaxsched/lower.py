@@ -87,6 +87,7 @@ class Launch(eqx.Module):
     branch_threshold: Int[Array, ""]
     seed: Int[Array, ""]
     grid_sync_ticks: Int[Array, ""]
+    cta_launch_ticks: Int[Array, ""]  # a freed CTA slot takes its next CTA this much later
     work_items: Int[Array, ""]  # persistent kernel's queue length, 0: off
     dvfs: DvfsLaunch
 
@@ -165,7 +166,7 @@ def _round_i32(x: Array) -> Array:
     return jnp.round(x).astype(jnp.int32)
 
 
-def lower(
+def _lower(
     arch: Arch,
     kernel: Kernel,
     clocks: Clocks,
@@ -179,6 +180,10 @@ def lower(
 ) -> Launch:
     """Convert one configuration to engine units. Traceable; call `validate` first when concrete.
 
+    Unit conversions run in float64 (inside `jax.enable_x64`), so that the eager lowering the
+    reference uses and the lowering fused into the engine's compiled program round alike: in
+    float32 a fused multiply-add could land a value such as 157.49999 on the other side of .5.
+
     `dispatch_weight` defaults to each SM's clock in MHz (the weighted policy's natural choice);
     `dvfs` defaults to static clocks (`dvfs.off`).
     """
@@ -187,7 +192,7 @@ def lower(
     freq = jnp.where(enabled, i32(clocks.sm_freq_mhz), 0)
     dvfs = off(arch) if dvfs is None else dvfs
     tick_mhz = reachable_tick_mhz(dvfs, freq)
-    ticks_per_ns = tick_mhz.astype(jnp.float32) / 1000.0
+    ticks_per_ns = tick_mhz.astype(jnp.float64) / 1000.0
 
     occ = occupancy(arch, kernel.threads_per_cta, kernel.regs_per_thread,
                     kernel.dynamic_smem_bytes, kernel.static_smem_bytes)
@@ -205,8 +210,8 @@ def lower(
 
     op = i32(kernel.op)
     is_ldg = op == Op.LDG
-    hit = kernel.l2_hit_rate.astype(jnp.float32)
-    nbytes = i32(kernel.bytes_per_warp).astype(jnp.float32)
+    hit = kernel.l2_hit_rate.astype(jnp.float64)
+    nbytes = i32(kernel.bytes_per_warp).astype(jnp.float64)
     mem_lat_ns = arch.l2_hit_latency_ns + (1.0 - hit) * (arch.dram_latency_ns - arch.l2_hit_latency_ns)
     l2_cost = _round_i32(nbytes * ticks_per_ns / arch.l2_bytes_per_ns * QUEUE_ONE_TICK)
     dram_cost = _round_i32(nbytes * (1.0 - hit) * ticks_per_ns / arch.dram_bytes_per_ns * QUEUE_ONE_TICK)
@@ -227,8 +232,8 @@ def lower(
         warp_policy=i32(warp_policy),
         dispatch_policy=i32(dispatch_policy),
         dispatch_weight=jnp.where(enabled, freq if dispatch_weight is None else i32(dispatch_weight), 0),
-        ema_alpha_256=_round_i32(jnp.asarray(ema_alpha, jnp.float32) * 256.0),
-        ema_prior_ticks=_round_i32(jnp.asarray(ema_prior_ns, jnp.float32) * ticks_per_ns),
+        ema_alpha_256=_round_i32(jnp.asarray(ema_alpha, jnp.float64) * 256.0),
+        ema_prior_ticks=_round_i32(jnp.asarray(ema_prior_ns, jnp.float64) * ticks_per_ns),
         op=op,
         dep=jnp.asarray(kernel.dep),
         lat_cycles=jnp.asarray(arch.latency_cycles)[op],
@@ -249,9 +254,16 @@ def lower(
         branch_threshold=_round_i32(kernel.branch_if_probability * BRANCH_HASH_ONE),
         seed=i32(kernel.seed),
         grid_sync_ticks=_round_i32(kernel.grid_sync_ns * ticks_per_ns),
+        cta_launch_ticks=_round_i32(arch.cta_launch_ns * ticks_per_ns),
         work_items=i32(kernel.work_items),
         dvfs=lower_dvfs(dvfs, arch, tick_mhz),
     )
+
+
+def lower(*args, **kwargs) -> Launch:
+    """`_lower` under `jax.enable_x64` (see its docstring); the same arguments."""
+    with jax.enable_x64(True):
+        return _lower(*args, **kwargs)
 
 
 def to_numpy(launch: Launch) -> Launch:

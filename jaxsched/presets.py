@@ -12,12 +12,15 @@ Every number carries its source. Abbreviations used in the comments:
 - [accel] Accel-Sim's shipped configs (SFU and shuffle latencies where no microbenchmark is cited).
 - [schem] schematic floorplan: die area from the whitepapers, layout from `hierarchy.py`.
 - [dom]   `../shared/DOMAIN.md` (measurements made for this project, or its leads).
-Latencies are leads to be calibrated (issue 8), not measurements of this project yet.
+- [cal]   measured on an H200 with `jaxsched probe` (issue 8): docs/calibration.md.
+Latencies of the other presets are leads, not measurements of this project.
 """
 
 from __future__ import annotations
 
 from typing import Callable
+
+import numpy as np
 
 from .arch import Arch, make_arch
 from .errors import JaxschedError
@@ -83,6 +86,9 @@ def v100() -> Arch:
         boost_clock_ghz=1.530,  # [wpV]
         power_limit_w=300.0,  # [wpV] SXM2 TDP
         clock_step_mhz=15.0,  # [dom] clocks move in ~15 MHz bins
+        # [cal] CTA end -> next CTA start on the freed slot: 207 ns median (175-237 ns, n = 2478)
+        # on an H200 (docs/calibration.md); a lead for the other chips
+        cta_launch_ns=207.0,
     )
 
 
@@ -112,17 +118,63 @@ def a100() -> Arch:
         boost_clock_ghz=1.410,  # [wpA][dom]
         power_limit_w=400.0,  # [wpA] SXM4
         clock_step_mhz=15.0,  # [dom]
+        # [cal] CTA end -> next CTA start on the freed slot: 207 ns median (175-237 ns, n = 2478)
+        # on an H200 (docs/calibration.md); a lead for the other chips
+        cta_launch_ns=207.0,
     )
 
 
-def _gh100(name: str, dram_bytes_per_ns: float) -> Arch:
+# [cal] docs/calibration.md, data/h200/calibration.json: one H200 SXM measured with
+# `jaxsched probe`. Which TPCs are enabled differs from die to die, so this layout is that
+# chip's; the pipeline latencies are GH100's and hold for the H100 too.
+# TPC t holds %smid 2t, 2t+1. TPCs 0-31 go round robin over the 8 GPCs, TPCs 32-59 round robin
+# over GPCs 1-7, then TPCs 60 and 61 go to GPCs 6 and 7, and 62-65 to GPC 0. That gives
+# 6 x 16 + 2 x 18 SMs. Measured: thread-block clusters (whose CTAs share a GPC) and the order in
+# which CTAs are handed out (GPC by GPC).
+_H200_TPC_GPC = [t % 8 for t in range(32)] + [1 + (t - 32) % 7 for t in range(32, 60)] + [6, 7, 0, 0, 0, 0]
+# [cal] GPC 0 takes CTAs on TPCs 62-65 (%smid 124-131) before its TPCs 0, 8, 16, 24. Every
+# launch starts there, while the GPC that follows it rotates between launches.
+_H200_LEAD_TPCS = (62, 63, 64, 65)
+
+
+def _measured_layout(tpc_gpc: list[int], lead_tpcs: tuple[int, ...], gpc_tpcs_full: list[int],
+                     die_mm: tuple[float, float]) -> dict[str, np.ndarray]:
+    """Hierarchy arrays for a measured TPC -> GPC map (TPC t = %smid 2t, 2t+1). Floorplan sites
+    come from `build_hierarchy` with the same TPCs per GPC, the j-th enabled TPC of a GPC
+    (in %smid order) at that GPC's j-th site. The dispatch order goes GPC by GPC; inside a GPC,
+    `lead_tpcs` come first, then the other TPCs in %smid order."""
+    n_gpc = len(gpc_tpcs_full)
+    counts = [tpc_gpc.count(g) for g in range(n_gpc)]
+    base = build_hierarchy(gpc_tpcs_full, counts, die_mm=die_mm, gpc_rows=2)
+    base_tpc_gpc = base["sm_gpc"][0::2]
+    n_on = len(tpc_gpc)
+    site_of = {}  # measured TPC -> TPC index of the same GPC site in `base`
+    for g in range(n_gpc):
+        ours = [t for t in range(n_on) if tpc_gpc[t] == g]
+        theirs = [t for t in range(n_on) if base_tpc_gpc[t] == g]
+        site_of.update(zip(ours, theirs))
+    slots = np.arange(base["sm_gpc"].size)
+    src = np.asarray([2 * site_of[s // 2] + s % 2 if s < 2 * n_on else s for s in slots])
+    order = [2 * t + h for g in range(n_gpc)
+             for t in sorted((t for t in range(n_on) if tpc_gpc[t] == g), key=lambda t: (t not in lead_tpcs, t))
+             for h in (0, 1)]
+    return dict(
+        sm_enabled=base["sm_enabled"],
+        sm_gpc=np.concatenate([np.repeat(tpc_gpc, 2), base["sm_gpc"][2 * n_on:]]).astype(np.int32),
+        sm_tpc=base["sm_tpc"],
+        sm_xy_mm=base["sm_xy_mm"][src],
+        dispatch_order=np.asarray(order + list(range(2 * n_on, slots.size)), dtype=np.int32),
+        die_mm=base["die_mm"],
+    )
+
+
+def _gh100(name: str, dram_bytes_per_ns: float, dram_latency_ns: float,
+           hierarchy: dict[str, np.ndarray]) -> Arch:
     """GH100 with 132 SMs enabled (H100 SXM5, H200 SXM; CC 9.0)."""
     return make_arch(
         name=name,
         compute_capability=(9, 0),
-        # [wpH] GH100: 8 GPCs x 9 TPCs x 2 = 144 SMs; 132 enabled, reported as 6x16 + 2x18 SMs
-        # per GPC [dom]; 814 mm^2 [schem].
-        **build_hierarchy([9] * 8, [9, 9, 8, 8, 8, 8, 8, 8], die_mm=(33.0, 24.7), gpc_rows=2),
+        **hierarchy,
         **_COMMON,
         max_threads_per_sm=2048,  # [pg]
         max_blocks_per_sm=32,  # [occ]
@@ -132,27 +184,47 @@ def _gh100(name: str, dram_bytes_per_ns: float) -> Arch:
         smem_alloc_unit_bytes=128,  # [occ]
         smem_carveout_kib=[0, 8, 16, 32, 64, 100, 132, 164, 196, 228],  # [occ]
         barriers_per_block_slot=2,  # [occ] CC 9
-        latency_cycles=_lat(fma=4, alu=4, sfu=18, lds=29, l1=39, shfl=24),  # [dom][accel]
-        issue_cycles=_issue(fma=1, alu=2),  # [wpH] 32 FP32, 16 INT32 lanes per sub-partition
-        l2_hit_latency_ns=120.0,  # [dom] 219-260 cycles at 1.98 GHz
-        dram_latency_ns=360.0,  # [dom] 570-860 cycles at 1.98 GHz
-        l2_bytes_per_ns=5500.0,  # lead: chips-and-cheese H100 L2 bandwidth, ~5.5 TB/s
+        # [cal] dependent chains of one warp, cycles per op: FFMA 4.00, IADD3 4.02, MUFU.RSQ 17.00,
+        # LDS 22.96, L1-hit LDG 33.94, SHFL 23.97 (every SM the same)
+        latency_cycles=_lat(fma=4, alu=4, sfu=17, lds=23, l1=34, shfl=24),
+        # [cal] 64 warps/SM, 8 independent chains: FFMA 1.03, LOP3 2.06, MUFU 8.00 cycles per
+        # warp instruction per scheduler (the whitepaper's lanes: 32 FP32, 16 INT32, 4 SFU)
+        issue_cycles=_issue(fma=1, alu=2),
+        l2_hit_latency_ns=143.0,  # [cal] .cg pointer chase: 283 cycles at 1980 MHz (138-150 ns by SM)
+        dram_latency_ns=dram_latency_ns,
+        # [cal] fitted on the suite's ldg_l2_t256 (34.6 MB of coalesced L2 hits in 4.9 us): the
+        # simulated makespan matches at 7.4 TB/s (the lead was chips-and-cheese's ~5.5 TB/s)
+        l2_bytes_per_ns=7400.0,
         dram_bytes_per_ns=dram_bytes_per_ns,
         base_clock_ghz=1.590,  # [tpu] H100 SXM5 base clock
-        boost_clock_ghz=1.980,  # [dom][wpH] max SM clock
+        # [cal] 1980 MHz on every SM (+-0.02 %) idle-to-busy, under 8 FMA-bound CTAs per SM and over
+        # 1.7 s of sustained load, no clock-event reason set; also NVML's max SM clock
+        boost_clock_ghz=1.980,
         power_limit_w=700.0,  # [wpH][dsH200] SXM TDP
         clock_step_mhz=15.0,  # [dom]
+        # [cal] CTA end -> next CTA start on the freed slot: 207 ns median (175-237 ns, n = 2478)
+        # on an H200 (docs/calibration.md); a lead for the other chips
+        cta_launch_ns=207.0,
     )
 
 
 def h100() -> Arch:
     """H100 SXM5 80 GB."""
-    return _gh100("h100", dram_bytes_per_ns=3350.0)  # [wpH] HBM3 3.35 TB/s
+    # [wpH] GH100: 8 GPCs x 9 TPCs x 2 SMs = 144; 132 enabled, reported as 6 x 16 + 2 x 18 SMs per
+    # GPC [dom]; 814 mm^2 [schem]. Layout not measured on an H100: %smid pairs round robin.
+    layout = build_hierarchy([9] * 8, [9, 9, 8, 8, 8, 8, 8, 8], die_mm=(33.0, 24.7), gpc_rows=2)
+    # [wpH] HBM3 3.35 TB/s; DRAM latency: [dom] 570-860 cycles at 1.98 GHz
+    return _gh100("h100", dram_bytes_per_ns=3350.0, dram_latency_ns=360.0, hierarchy=layout)
 
 
 def h200() -> Arch:
     """H200 SXM 141 GB."""
-    return _gh100("h200", dram_bytes_per_ns=4800.0)  # [dsH200] HBM3e 4.8 TB/s
+    layout = _measured_layout(_H200_TPC_GPC, _H200_LEAD_TPCS, [9] * 8, die_mm=(33.0, 24.7))
+    # [cal] DRAM latency: cold .cg pointer chase over 2 GiB (TLB misses included), 684 and 710
+    # cycles at 1980 MHz in two runs. Bandwidth fitted on the suite's ldg_dram_t256 (34.6 MB
+    # streamed in 9.8 us, median of 6 launches): 3.7 TB/s sustained over a short kernel, against
+    # the datasheet's 4.8 TB/s peak [dsH200]
+    return _gh100("h200", dram_bytes_per_ns=3700.0, dram_latency_ns=352.0, hierarchy=layout)
 
 
 def rtx3090() -> Arch:
@@ -181,6 +253,9 @@ def rtx3090() -> Arch:
         boost_clock_ghz=1.695,  # [wpGA]
         power_limit_w=350.0,  # [wpGA] TGP
         clock_step_mhz=15.0,  # [dom]
+        # [cal] CTA end -> next CTA start on the freed slot: 207 ns median (175-237 ns, n = 2478)
+        # on an H200 (docs/calibration.md); a lead for the other chips
+        cta_launch_ns=207.0,
     )
 
 

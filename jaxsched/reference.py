@@ -19,7 +19,8 @@ Order of events (the contract's sections in parentheses):
 - tick `k` (8): every SM whose phase accumulator overflows executes one cycle (2), SMs in index
   order; then the grid barrier (8, step 1b: a completed `gsync` schedules its release
   `grid_sync_ticks` later; a release due now frees every waiting warp); then CTA dispatch (9:
-  hardware, round_robin, least_loaded, weighted, closed_loop; in a persistent kernel each new
+  hardware, round_robin, least_loaded, weighted, closed_loop, all counting only *usable* free
+  CTA slots, those freed at least `cta_launch_ticks` ago; in a persistent kernel each new
   warp takes its first work item, in placement then warp order);
   then the L2 and DRAM queues drain by one tick (1024 units); then, unless DVFS is off, the
   DVFS step (12: apply clocks, apply droop, sample, apply again, recompute every `f_s`), whose
@@ -115,6 +116,9 @@ def warp_if_lanes(seed: int, branch_threshold: int, c: int, w: int, lanes: int) 
 # --- static program description ----------------------------------------------------------------
 
 
+T_MIN_MK, T_MAX_MK = -273_000, 1_000_000  # section 12: temperatures saturate at -273 C and 1000 C
+
+
 class Program:
     """The per-instruction and structure fields of a `Launch` as Python ints and lists."""
 
@@ -196,6 +200,7 @@ class SM:
         self.cta_id = [-1] * shapes.cta_slots  # CTA in each CTA slot, -1 when free
         self.live = [0] * shapes.cta_slots  # live (not exited) warps of the CTA in the slot
         self.start = [0] * shapes.cta_slots  # start tick of the CTA in the slot
+        self.usable = [0] * shapes.cta_slots  # tick from which the slot, once free, takes a CTA
         self.arrivals = [0] * shapes.cta_slots  # barrier arrivals
         self.resident = 0  # occupied CTA slots
         self.pipe_free = [[0, 0, 0] for _ in range(shapes.schedulers)]  # [sched][FMA/ALU/SFU]
@@ -399,6 +404,7 @@ class Dvfs:
             target = self.ambient_mk + total_mw * (self.r_mk // len(members)) // 1000
             temp = self.temp_mk[members[0].index]  # one value per thermal domain
             temp += (target - temp) * min(self.P, self.tau) // self.tau
+            temp = min(max(temp, T_MIN_MK), T_MAX_MK)  # a thermal runaway saturates
             for sm in members:
                 self.temp_mk[sm.index] = temp
 
@@ -510,6 +516,9 @@ class _Sim:
         self.branch_threshold = int(launch.branch_threshold)
         self.seed = int(launch.seed)
         self.grid_sync_ticks = int(launch.grid_sync_ticks)
+        self.cta_launch_ticks = int(launch.cta_launch_ticks)
+        if self.cta_launch_ticks < 0:
+            raise ValueError(f"cta_launch_ticks = {self.cta_launch_ticks} < 0")
         self.work_items = int(launch.work_items)
         freq = [int(v) for v in np.asarray(launch.sm_freq_mhz).reshape(-1)]
         enabled = [bool(v) for v in np.asarray(launch.sm_enabled).reshape(-1)]
@@ -592,16 +601,23 @@ class _Sim:
         warp.ready_mem = 0
         warp.pc = self.prog.resolve(0, warp.trips_left, warp.if_lanes, warp.else_lanes)
 
+    def usable_slots(self, sm: SM) -> list[int]:
+        """Section 9: the CTA slots of `sm` that can take a CTA at the current tick: free, below
+        `ctas_per_sm`, and past their launch latency (usable tick <= k), in slot order."""
+        return [j for j in range(self.ctas_per_sm)
+                if sm.cta_id[j] < 0 and sm.usable[j] <= self.now]
+
     def pick_sm(self) -> SM | None:
-        """The SM the next CTA goes to, or None if no enabled SM has a free CTA slot (or the
-        closed loop holds)."""
-        free = [sm for sm in self.enabled_sms if sm.resident < self.ctas_per_sm]
+        """The SM the next CTA goes to, or None if no enabled SM has a usable free CTA slot (or
+        the closed loop holds). "Room" and "free slots" count usable free slots only."""
+        room = {sm.index: len(self.usable_slots(sm)) for sm in self.enabled_sms}
+        free = [sm for sm in self.enabled_sms if room[sm.index] > 0]
         if not free:
             return None
         policy = self.dispatch_policy
         if policy == DISPATCH_HARDWARE:
-            # most free CTA slots, ties to the lowest dispatch rank
-            return min(free, key=lambda sm: (-(self.ctas_per_sm - sm.resident), sm.rank))
+            # most usable free CTA slots, ties to the lowest dispatch rank
+            return min(free, key=lambda sm: (-room[sm.index], sm.rank))
         if policy == DISPATCH_ROUND_ROBIN:
             # first SM with a free slot at or after the pointer, in (cyclic) rank order
             ptr = self.chip.rr_pointer
@@ -616,10 +632,10 @@ class _Sim:
             # highest floor(weight * 65536 / (resident + 1)), ties to the lowest rank
             return min(free, key=lambda sm: (-(sm.weight * WEIGHT_ONE // (sm.resident + 1)),
                                              sm.rank))
-        # closed loop: smallest censored estimate, then most free CTA slots, then the lowest
-        # rank; in the tail it holds the CTA if the CTAs left fit in clearly better slots.
+        # closed loop: smallest censored estimate, then most usable free CTA slots, then the
+        # lowest rank; in the tail it holds the CTA if the CTAs left fit in clearly better slots.
         e = self.censored
-        cand = min(free, key=lambda sm: (e[sm.index], -(self.ctas_per_sm - sm.resident), sm.rank))
+        cand = min(free, key=lambda sm: (e[sm.index], -room[sm.index], sm.rank))
         target = self.now + e[cand.index]
         margin = e[cand.index] // 8
         better = 0
@@ -662,7 +678,7 @@ class _Sim:
                 break
             c = chip.next_cta
             chip.next_cta += 1
-            j = sm.cta_id.index(-1)  # lowest free CTA slot
+            j = self.usable_slots(sm)[0]  # lowest usable free CTA slot
             sm.cta_id[j] = c
             sm.live[j] = self.W
             sm.start[j] = k
@@ -807,6 +823,7 @@ class _Sim:
                 sm.cta_id[j] = -1
                 sm.arrivals[j] = 0
                 sm.resident -= 1
+                sm.usable[j] = k + self.cta_launch_ticks  # section 9: the launch path's latency
                 for w in range(self.W):
                     sm.warps[j * self.W + w].active = False
         # 4. the MIO backlog serves one instruction-cycle

@@ -121,20 +121,21 @@ import jax
 import numpy as np
 import xarray as xr
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from . import __version__, archio, clocks, freqmap, presets
+from . import __version__, archio, clocks, dvfs, freqmap, presets
 from . import sweep_design, sweep_paths
 from .arch import Arch
 from .engine import run as engine_run
 from .engine.run import Result, simulate_batch
 from .engine.state import STALL_REASONS
 from .errors import JaxschedError, check
-from .kernel import Kernel, kernel_from_dict, load_kernel
+from .dvfs import Dvfs, validate_dvfs
+from .kernel import Kernel, kernel_from_dict, load_kernel, pad_program
 from .lower import DISPATCH_POLICIES, WARP_POLICIES, shapes_for, validate
 from .occupancy import check_launch, occupancy
 from .sweep_design import CONFIG_DIM, Design, design_coords
 from .sweep_paths import Point
 
-_TOP_KEYS = ("title", "arch", "kernel", "replicates", "seed", "chunk", "grid", "design") + sweep_paths.TABLES
+_TOP_KEYS = ("title", "arch", "kernel", "kernels", "replicates", "seed", "chunk", "grid", "design") + sweep_paths.TABLES
 _LAUNCH_GROUPS = ("arch", "kernel")  # the path groups that decide whether a point can launch
 
 
@@ -201,7 +202,9 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Swee
     check("kernel" in doc, f"{source}: kernel", None, "required (a kernel TOML path or a [kernel] table)")
     kspec = doc["kernel"]
     kernel = (kernel_from_dict(kspec, source) if isinstance(kspec, dict) else load_kernel(base_dir / kspec))
-    base = {"arch": arch, "kernel": kernel}
+    variants = _kernel_variants(doc, kernel, base_dir, source)
+    n_instr = max([kernel.n_instr] + [k.n_instr for k in variants.values()])
+    base = {"arch": arch, "kernel": pad_program(kernel, n_instr), sweep_paths.VARIANTS: variants}
     for name in sweep_paths.TABLES:
         base[name] = sweep_paths.GROUPS[name].base(doc.get(name, {}), arch, f"{source}: {name}")
     seed = doc.get("seed", 0)
@@ -224,8 +227,20 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Swee
     partial = Sweep(title=str(doc.get("title", source)), text=text, base=base, grid=grid, design=design,
                     replicates=replicates, seed=seed, chunk=chunk, feasible=np.ones((), bool),
                     infeasible_reason=np.asarray(""), max_grid_ctas=int(kernel.grid_ctas))
+    _check_dvfs(partial, source)
     feasible, reasons, max_grid = _check_points(partial, source)
     return dataclasses.replace(partial, feasible=feasible, infeasible_reason=reasons, max_grid_ctas=max_grid)
+
+
+def _kernel_variants(doc: dict, kernel: Kernel, base_dir: Path, source: str) -> dict[str, Kernel]:
+    """The spec's `[kernels]` (name -> kernel TOML path or inline table) for `kernel.variant`,
+    every program padded to one length so that they share one compilation."""
+    table = doc.get("kernels", {})
+    check(isinstance(table, dict), f"{source}: kernels", table, "a table of name = kernel TOML path or table")
+    loaded = {name: (kernel_from_dict(v, f"{source}: kernels.{name}") if isinstance(v, dict)
+                     else load_kernel(base_dir / str(v))) for name, v in table.items()}
+    n = max([k.n_instr for k in loaded.values()] + [kernel.n_instr])
+    return {name: pad_program(k, n) for name, k in loaded.items()}
 
 
 def _parse_grid(grid: object, base: Point, source: str) -> dict[str, list]:
@@ -273,6 +288,23 @@ def _launch_refusal(arch: Arch, kernel: Kernel) -> str | None:
 
 def _static_shapes(arch: Arch, kernel: Kernel):
     return dataclasses.replace(shapes_for(arch, kernel), max_ctas=0)
+
+
+def _check_dvfs(sweep: Sweep, source: str) -> None:
+    """Every distinct `[dvfs]` setting of the sweep is a valid combination (before any compute)."""
+    swept = [p for p in list(sweep.grid) + [f.path for f in (sweep.design.factors if sweep.design else ())]
+             if p.startswith("dvfs.")]
+    seen = set()
+    for index in np.ndindex(*sweep.point_shape):
+        key = tuple((p, v) for p, v in sweep.assignments(index) if p in swept)
+        if key not in seen:
+            seen.add(key)
+            where = f"{source}: {_point_label(sweep, index)}"
+            point = sweep_paths.assign_all(sweep.base, key, where)
+            try:
+                validate_dvfs(dvfs_params(sweep.arch, point["dvfs"], sweep.seed))
+            except JaxschedError as exc:
+                raise JaxschedError(f"{where}: {exc.field}", exc.value, exc.limit) from None
 
 
 def _check_points(sweep: Sweep, source: str) -> tuple[np.ndarray, np.ndarray, int]:
@@ -332,6 +364,7 @@ class Config(NamedTuple):
     dispatch_weight: np.ndarray | None  # None: the SM clocks in MHz
     ema_alpha: float
     ema_prior_ns: float
+    dvfs: Dvfs
 
 
 def engine_config(sweep: Sweep, point: Point, index: tuple[int, ...], replicate: int) -> Config:
@@ -344,7 +377,20 @@ def engine_config(sweep: Sweep, point: Point, index: tuple[int, ...], replicate:
         clocks=clock_map(arch, point["clocks"], sweep.seed * 1_000_003 + replicate),
         warp_policy=WARP_POLICIES.index(policy["warp"]), dispatch=DISPATCH_POLICIES.index(policy["dispatch"]),
         dispatch_start=policy["dispatch_start"], dispatch_weight=weight, ema_alpha=policy["ema_alpha"],
-        ema_prior_ns=policy["ema_prior_ns"])
+        ema_prior_ns=policy["ema_prior_ns"],
+        dvfs=dvfs_params(arch, point["dvfs"], sweep.seed * 1_000_003 + replicate))
+
+
+def dvfs_params(arch: Arch, table: dict, seed: int) -> Dvfs:
+    """The `Dvfs` of one replicate: the `[dvfs]` values, plus a run-to-run draw (initial
+    temperature, clock, controller phase, noise seed) from `seed` if `run_to_run`."""
+    fields = {k: v for k, v in table.items() if k != "run_to_run" and not k.startswith("r2r_")}
+    base = dvfs.default(arch, **fields)
+    if not table["run_to_run"]:
+        return base
+    (drawn,) = dvfs.run_to_run(arch, base, seed, 1, temp_c=(table["r2r_temp_min_c"], table["r2r_temp_max_c"]),
+                               clock_mhz=(table["r2r_clock_min_mhz"], table["r2r_clock_max_mhz"]))
+    return drawn
 
 
 def point_configs(sweep: Sweep, points: Sequence[tuple[int, ...]], replicates: Sequence[int]) -> list[Config]:
@@ -564,7 +610,7 @@ class Runner:
         col = {name: [getattr(c, name) for c in padded] for name in Config._fields}
         args = [col[name] for name in ("arch", "kernel", "clocks", "warp_policy", "dispatch", "dispatch_start")]
         kwargs = dict(dispatch_weight=col["dispatch_weight"], ema_alpha=np.asarray(col["ema_alpha"]),
-                      ema_prior_ns=np.asarray(col["ema_prior_ns"]))
+                      ema_prior_ns=np.asarray(col["ema_prior_ns"]), dvfs=col["dvfs"])
         if self.mesh is None:
             with jax.default_device(self.devices[0]):
                 result = simulate_batch(*args, **kwargs)

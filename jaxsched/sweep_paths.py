@@ -27,7 +27,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import freqmap
+from . import dvfs, freqmap
 from .arch import Arch
 from .errors import JaxschedError, check
 from .kernel import Kernel
@@ -211,6 +211,32 @@ def _clock_defaults(arch: Arch) -> dict:
             "corr_length_mm": float(freqmap.default_corr_length_mm(arch)), "ir_drop": False}
 
 
+def _dvfs_defaults(arch: Arch) -> dict:
+    d = dvfs.default(arch, mode="off")
+    values = {f.name: np.asarray(getattr(d, f.name)).item() for f in dataclasses.fields(d)
+              if np.ndim(getattr(d, f.name)) == 0 and f.name not in DVFS_CHOICES}
+    del values["latency_us"]  # unless given: one period (dvfs.default), whatever the period
+    return {**values, "mode": "off", "clock_domain": "chip", "thermal_domain": "sm",
+            "run_to_run": False, "r2r_temp_min_c": 35.0, "r2r_temp_max_c": 85.0,
+            "r2r_clock_min_mhz": values["min_mhz"], "r2r_clock_max_mhz": values["boost_mhz"]}
+
+
+DVFS_CHOICES = {"mode": dvfs.MODES, "clock_domain": dvfs.DOMAINS, "thermal_domain": dvfs.DOMAINS}
+# `[dvfs]`: every scalar `Dvfs` field (docs/model.md section 12; `dvfs.validate_dvfs` checks the
+# combination), plus the run-to-run draw: with `run_to_run = true` each replicate draws its
+# initial temperature in [r2r_temp_min_c, r2r_temp_max_c], its initial clock on the bin grid in
+# [r2r_clock_min_mhz, r2r_clock_max_mhz], its controller phase and its sensor-noise seed.
+DVFS_PARAMS = {
+    **{name: Param("choice", choices=choices) for name, choices in DVFS_CHOICES.items()},
+    **{f.name: Param("int" if f.name in ("seed", "trace_every") else "float")
+       for f in dataclasses.fields(dvfs.Dvfs) if f.name not in DVFS_CHOICES and f.name != "energy_pj"},
+    "run_to_run": Param("bool"),
+    "r2r_temp_min_c": Param("float", -50.0, 300.0),
+    "r2r_temp_max_c": Param("float", -50.0, 300.0),
+    "r2r_clock_min_mhz": Param("float", 1.0, 10_000.0),
+    "r2r_clock_max_mhz": Param("float", 1.0, 10_000.0),
+}
+
 WEIGHTS = ("clocks", "uniform")
 CLOCK_MODELS = ("gaussian", "variation")
 
@@ -234,6 +260,7 @@ GROUPS: dict[str, TableGroup | PytreeGroup] = {
          "corr_length_mm": Param("float", 0.0),
          "ir_drop": Param("bool")},
         _clock_defaults),
+    "dvfs": TableGroup(DVFS_PARAMS, _dvfs_defaults),
     "kernel": KernelGroup(KERNEL, KERNEL_ALIASES),
     "arch": PytreeGroup(),
 }
@@ -249,20 +276,35 @@ def split(path: str, where: str, value: object = None) -> tuple[str, str]:
     return group, field
 
 
+# `kernel.variant`: the whole kernel, one of the spec's `[kernels]` (name -> kernel); it must be
+# the first swept kernel path, since it replaces every kernel field.
+VARIANT = "kernel.variant"
+VARIANTS = "kernel_variants"  # the point's key holding the spec's named kernels
+
+
 def canonical(point: Point, path: str, where: str, value: object = None) -> str:
     """The path with aliases resolved (`kernel.threads` -> `kernel.threads_per_cta`); checks it."""
+    if path == VARIANT:
+        check(bool(point.get(VARIANTS)), where, value, "kernel.variant needs a [kernels] table of named kernels")
+        return path
     group, field = split(path, where, value)
     return f"{group}.{GROUPS[group].canonical(point[group], field, where, value)}"
 
 
 def kind(point: Point, path: str, where: str, value: object = None) -> str:
     """The value type of a path: one of `KINDS`."""
+    if canonical(point, path, where, value) == VARIANT:
+        return "choice"
     group, field = canonical(point, path, where, value).split(".", 1)
     return GROUPS[group].kind(point[group], field)
 
 
 def assign(point: Point, path: str, value: object, where: str) -> dict:
     """A copy of `point` with `path` set to `value` (validated; errors name `where`)."""
+    if canonical(point, path, where, value) == VARIANT:
+        variants = point[VARIANTS]
+        check(value in variants, where, value, f"one of the [kernels]: {tuple(variants)}")
+        return {**point, "kernel": variants[value]}
     group, field = canonical(point, path, where, value).split(".", 1)
     return {**point, group: GROUPS[group].set(point[group], field, value, where)}
 

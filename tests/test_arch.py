@@ -1,6 +1,6 @@
 """`jaxsched.arch`, `hierarchy`, `presets` and `archio`: the presets' SM hierarchy, clocks and
-floorplan, the H200 `%smid` layout of DOMAIN.md, TOML round trips, `Arch` under jit/vmap, and
-bad input naming the field and the value.
+floorplan, the H200 `%smid` layout and numbers measured in docs/calibration.md, TOML round trips,
+`Arch` under jit/vmap, and bad input naming the field and the value.
 
 Per-CC limits (threads/SM, blocks/SM, shared memory, opt-in, reserved) are checked in
 `test_occupancy_oracle.py` and are not repeated here.
@@ -15,6 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import tomli_w
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import jaxsched as js
 from jaxsched import archio, presets
@@ -28,7 +30,7 @@ EXPECTED = {
     "v100": (80, 84, [14, 14, 14, 14, 12, 12]),
     "a100": (108, 128, [14, 14, 14, 14, 14, 14, 12, 12]),
     "h100": (132, 144, [18, 18, 16, 16, 16, 16, 16, 16]),
-    "h200": (132, 144, [18, 18, 16, 16, 16, 16, 16, 16]),
+    "h200": (132, 144, [16, 16, 16, 16, 16, 16, 18, 18]),  # docs/calibration.md: 6 x 16 + 2 x 18
     "rtx3090": (82, 84, [12, 12, 12, 12, 12, 12, 10]),
 }
 
@@ -157,20 +159,74 @@ def test_preset_floorplan_inside_die(arch_cache, name):
 # --------------------------------------------------------------------------- H200 %smid layout
 
 
+# docs/calibration.md, "SM layout": TPC t holds %smid 2t, 2t+1; TPCs 0-31 go round robin over
+# GPCs 0-7, TPCs 32-59 round robin over GPCs 1-7, TPC 60 to GPC 6, TPC 61 to GPC 7, TPCs 62-65 to
+# GPC 0 (GPC g numbered so that it holds TPC g).
+H200_TPC_GPC = {t: t % 8 for t in range(32)} | {t: 1 + (t - 32) % 7 for t in range(32, 60)} | {
+    60: 6, 61: 7, 62: 0, 63: 0, 64: 0, 65: 0}
+# TPCs seen together in thread-block clusters (so in one GPC), measured, run 1
+H200_CLUSTER_GROUPS = [
+    [0, 8, 16, 24], [1, 9, 17, 25, 32, 39, 46, 53], [2, 10, 18, 26, 33, 40, 47, 54],
+    [3, 11, 19, 27, 34, 41, 48, 55], [4, 12, 20, 28, 35, 42, 49, 56],
+    [6, 14, 22, 30, 37, 44, 51, 58, 60],
+]
+
+
 def test_h200_smid_layout(arch_cache):
     arch = arch_cache["h200"]
     gpc = np.asarray(arch.sm_gpc)
     tpc = np.asarray(arch.sm_tpc)
-    # TPC t holds SMs 2t, 2t+1 and sits in GPC t mod 8 for t < 64
-    for t in range(64):
+    enabled = np.asarray(arch.sm_enabled)
+    for t, g in H200_TPC_GPC.items():
         assert tpc[2 * t] == tpc[2 * t + 1] == t
-        assert gpc[2 * t] == gpc[2 * t + 1] == t % 8, f"TPC {t}"
-    gpc0 = np.flatnonzero(np.asarray(arch.sm_enabled) & (gpc == 0)).tolist()
-    assert gpc0[:8] == [0, 1, 16, 17, 32, 33, 48, 49]
-    assert gpc0 == [0, 1, 16, 17, 32, 33, 48, 49, 64, 65, 80, 81, 96, 97, 112, 113, 128, 129]
-    per_gpc = [int(np.sum(np.asarray(arch.sm_enabled) & (gpc == g))) for g in range(8)]
-    assert per_gpc == [18, 18, 16, 16, 16, 16, 16, 16]
-    assert np.asarray(arch.dispatch_order)[:8].tolist() == [0, 1, 16, 17, 32, 33, 48, 49]
+        assert gpc[2 * t] == gpc[2 * t + 1] == g, f"TPC {t}"
+    assert enabled[:132].all() and not enabled[132:].any()
+    # each cluster group lies in one GPC, and different groups in different GPCs
+    group_gpc = [{int(gpc[2 * t]) for t in group} for group in H200_CLUSTER_GROUPS]
+    assert all(len(g) == 1 for g in group_gpc), group_gpc
+    assert len(set.union(*group_gpc)) == len(H200_CLUSTER_GROUPS)
+    gpc0 = np.flatnonzero(enabled & (gpc == 0)).tolist()
+    assert gpc0 == [0, 1, 16, 17, 32, 33, 48, 49, 124, 125, 126, 127, 128, 129, 130, 131]
+    per_gpc = [int(np.sum(enabled & (gpc == g))) for g in range(8)]
+    assert per_gpc == [16, 16, 16, 16, 16, 16, 18, 18]
+    # 9 TPC sites per GPC (GH100): the 6 floorswept TPCs fill GPCs 0-5 up to 9
+    sites = [int(np.sum(gpc == g)) // 2 for g in range(8)]
+    assert sites == [9] * 8
+
+
+def test_h200_dispatch_order(arch_cache):
+    """docs/calibration.md, "CTA dispatch": GPC by GPC, TPC pairs in %smid order, GPC 0 led by
+    %smid 124-131 (TPCs 62-65), which every measured launch began with."""
+    order = np.asarray(arch_cache["h200"].dispatch_order).tolist()
+    assert order[:16] == [124, 125, 126, 127, 128, 129, 130, 131, 0, 1, 16, 17, 32, 33, 48, 49]
+    # the measured run through GPC 5 into GPC 6
+    run = [10, 11, 26, 27, 42, 43, 58, 59, 72, 73, 86, 87, 100, 101, 114, 115, 12, 13]
+    i = order.index(run[0])
+    assert order[i:i + len(run)] == run
+    # every GPC's TPCs after the lead block come in %smid order, as whole pairs
+    expected = [2 * t + h for g in range(8)
+                for t in sorted(t for t, tg in H200_TPC_GPC.items() if tg == g and t < 62)
+                for h in (0, 1)]
+    assert order[8:132] == expected
+    assert order[132:] == list(range(132, 144))
+
+
+def test_gh100_calibrated_numbers(arch_cache):
+    """docs/calibration.md: numbers measured on an H200; the pipeline latencies, L2 and clock
+    are GH100's and the H100 preset shares them, DRAM is the H200's alone."""
+    h100, h200 = arch_cache["h100"], arch_cache["h200"]
+    for arch in (h100, h200):
+        lat = dict(zip(OP_NAMES, np.asarray(arch.latency_cycles).tolist()))
+        assert (lat["fma"], lat["alu"], lat["sfu"], lat["lds"], lat["ldg"], lat["shfl"]) == (
+            4, 4, 17, 23, 34, 24), arch.name
+        issue = dict(zip(OP_NAMES, np.asarray(arch.issue_cycles).tolist()))
+        assert (issue["fma"], issue["alu"], issue["sfu"]) == (1, 2, 8), arch.name
+        assert float(arch.l2_hit_latency_ns) == 143.0
+        assert float(arch.l2_bytes_per_ns) == 7400.0
+        assert float(arch.boost_clock_ghz) == np.float32(1.98)
+        assert float(arch.cta_launch_ns) == 207.0  # median CTA end -> next start on a freed SM
+    assert float(h200.dram_bytes_per_ns) == 3700.0
+    assert float(h200.dram_latency_ns) == 352.0
 
 
 def test_build_hierarchy_small():
@@ -202,6 +258,18 @@ def test_toml_round_trip(arch_cache, name):
     back = archio.loads(text)
     assert_same_arch(arch, back)
     assert archio.dumps(back) == text  # a fixed point
+
+
+@settings(max_examples=25, deadline=None)
+@given(launch_ns=st.one_of(st.just(0.0), st.floats(0.0, 1e5, width=32)))
+def test_cta_launch_ns_round_trip(arch_cache, launch_ns):
+    """`cta_launch_ns` (0 allowed) survives TOML text and a `[dispatch]` override on a base."""
+    arch = arch_cache["h200"].replace(cta_launch_ns=np.float32(launch_ns))
+    back = archio.loads(archio.dumps(arch))
+    assert back.cta_launch_ns.dtype == np.float32
+    assert float(back.cta_launch_ns) == float(np.float32(launch_ns))
+    over = archio.loads(f'base = "h100"\n[dispatch]\ncta_launch_ns = {float(np.float32(launch_ns))!r}\n')
+    assert float(over.cta_launch_ns) == float(np.float32(launch_ns))
 
 
 def test_save_load(arch_cache, tmp_path):
@@ -256,13 +324,14 @@ def test_compact_hierarchy_form(arch_cache):
 
 
 def test_compact_hierarchy_reproduces_gh100_without_base(arch_cache):
-    """A complete document with [hierarchy] instead of [sm] rebuilds the preset exactly."""
-    h200 = arch_cache["h200"]
-    doc = archio.to_dict(h200)
+    """A complete document with [hierarchy] instead of [sm] rebuilds the preset exactly (the
+    H100 keeps the schematic round-robin layout; the H200's is measured, see calibration.md)."""
+    h100 = arch_cache["h100"]
+    doc = archio.to_dict(h100)
     del doc["sm"]
     doc["hierarchy"] = {"gpc_tpcs_full": [9] * 8, "gpc_tpcs_enabled": [9, 9, 8, 8, 8, 8, 8, 8],
                         "die_mm": [33.0, 24.7], "gpc_rows": 2}
-    assert_same_arch(h200, archio.loads(tomli_w.dumps(doc)))
+    assert_same_arch(h100, archio.loads(tomli_w.dumps(doc)))
 
 
 def test_arch_under_jit(arch_cache):
@@ -292,12 +361,13 @@ def test_arch_under_vmap_of_stack(arch_cache):
         return a.dram_bytes_per_ns / jnp.sum(a.sm_enabled.astype(jnp.float32))
 
     got = jax.jit(jax.vmap(dram_per_sm))(stacked)
-    np.testing.assert_allclose(np.asarray(got), [3350.0 / 132, 4800.0 / 132], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(got), [3350.0 / 132, 3700.0 / 132], rtol=1e-6)
 
 
 def test_stack_presets_with_different_names(arch_cache):
     stacked = js.stack([arch_cache["h100"], arch_cache["h200"]])
-    assert np.asarray(stacked.dram_bytes_per_ns).tolist() == [3350.0, 4800.0]
+    assert np.asarray(stacked.dram_bytes_per_ns).tolist() == [3350.0, 3700.0]
+    assert np.asarray(stacked.cta_launch_ns).tolist() == [207.0, 207.0]
 
 
 # --------------------------------------------------------------------------- bad input
@@ -309,7 +379,7 @@ def _h200_doc() -> dict:
 
 def _doc_bad_dispatch() -> str:
     doc = _h200_doc()
-    doc["sm"]["dispatch_order"][0] = 1  # 1 twice, 0 missing
+    doc["sm"]["dispatch_order"][0] = 125  # 125 twice, 124 missing (the order starts 124, 125)
     return tomli_w.dumps(doc)
 
 
@@ -348,13 +418,17 @@ BAD_TOML = {
                      ["latency_cycles", "[0, 4"]),
     "base clock above boost": ('base = "h200"\n[clocks]\nbase_clock_ghz = 2.5\n',
                                ["base_clock_ghz", "2.5"]),
+    "negative launch latency": ('base = "h200"\n[dispatch]\ncta_launch_ns = -1.0\n',
+                                ["cta_launch_ns", "-1.0"]),
+    "unknown dispatch key": ('base = "h200"\n[dispatch]\nlaunch_ns = 5.0\n',
+                             ["dispatch.launch_ns", "5.0"]),
     "non-finite bandwidth": ('base = "h200"\n[memory]\ndram_bytes_per_ns = nan\n',
                              ["dram_bytes_per_ns", "nan"]),
     "carveout max != smem": ('base = "h200"\n[limits]\nsmem_carveout_kib = [0, 100]\n',
                              ["smem_carveout_kib", "[0, 100"]),
     "section not a table": ('base = "h200"\nlimits = 3\n', ["limits", "3"]),
     "unknown base": ('base = "b200"\n', ["b200"]),
-    "dispatch_order not a permutation": (_doc_bad_dispatch, ["dispatch_order", "[1, 1, 16, 17"]),
+    "dispatch_order not a permutation": (_doc_bad_dispatch, ["dispatch_order", "[125, 125, 126"]),
     "enabled SMs not first": (_doc_enabled_not_first, ["sm_enabled", "[0, 1, 1"]),
     "[sm] and [hierarchy]": (_doc_sm_and_hierarchy, ["sm", "hierarchy"]),
 }

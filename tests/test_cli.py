@@ -93,8 +93,9 @@ def test_arch_text(capsys):
     assert rc == 0 and err == ""
     assert re.search(r"SMs: 132 enabled of 144", out), out
     assert "compute capability 9.0" in out
-    assert "[18, 18, 16, 16, 16, 16, 16, 16]" in out
-    assert "[0, 1, 16, 17, 32, 33, 48, 49" in out
+    # docs/calibration.md: 6 x 16 + 2 x 18 SMs, dispatch led by %smid 124-131, then GPC 0's rest
+    assert "SMs per GPC: [16, 16, 16, 16, 16, 16, 18, 18]" in out
+    assert "[124, 125, 126, 127, 128, 129, 130, 131, 0, 1, 16, 17, 32, 33, 48, 49]" in out
 
 
 def test_arch_toml_round_trip(capsys):

@@ -6,8 +6,12 @@ cycle executed at tick k has index k; CTAs are dispatched at tick 0, after the S
 tick, so the first instruction issues at tick (= cycle) 1; a CTA completes in the tick of its
 last EXIT and `makespan_ticks` is that tick + 1.
 
-h200 numbers used: latency FMA = ALU = 4, LDS = 29 cycles; issue cycles FMA = 1, ALU = 2;
-MIO queue depth 16; boost clock 1.98 GHz; 4 schedulers, 64 warp slots per SM.
+h200 numbers used: latency FMA = ALU = 4 cycles; issue cycles FMA = 1, ALU = 2; boost clock
+1.98 GHz; 4 schedulers, 64 warp slots per SM. Tests whose hand computation needs numbers that
+calibration moves (LDS latency, memory latencies and bandwidths, the CTA launch latency) run on
+`HAND_ARCH`, which pins them explicitly; dispatch tests that count ticks from a completion to the
+next start pin `cta_launch_ns = 0` (immediate slot reuse; tests/test_reference_cta_launch.py
+covers the launch latency itself).
 """
 
 from __future__ import annotations
@@ -24,6 +28,37 @@ H200 = presets.get("h200")
 STALL = {name: i for i, name in enumerate(reference.STALL_REASONS)}
 
 
+def per_op(default: int, **by_op: int) -> np.ndarray:
+    """An int32 array indexed by `isa.Op`: `by_op` (op names in lower case), else `default`."""
+    out = np.full(len(Op), default, dtype=np.int32)
+    for name, value in by_op.items():
+        out[Op[name.upper()]] = value
+    return out
+
+
+def pinned(arch, **fields):
+    """`arch` with `fields` set to explicit values (floats cast to float32, the presets' dtype),
+    so that a hand computation does not follow the preset's calibration."""
+    cast = {k: np.float32(v) if isinstance(v, float) else v for k, v in fields.items()}
+    return arch.replace(**cast)
+
+
+# The numbers the pipeline and memory hand computations below are written with.
+HAND_ARCH = pinned(
+    H200,
+    latency_cycles=per_op(1, fma=4, alu=4, sfu=18, lds=29, ldg=28, shfl=24),
+    issue_cycles=per_op(1, fma=1, alu=2, sfu=8),
+    mio_queue_depth=np.int32(16),
+    l2_hit_latency_ns=120.0,
+    dram_latency_ns=360.0,
+    l2_bytes_per_ns=5500.0,
+    dram_bytes_per_ns=4800.0,
+    boost_clock_ghz=1.98,
+    cta_launch_ns=0.0,
+)
+NO_LAUNCH_LATENCY = {"cta_launch_ns": 0.0}  # a freed CTA slot takes its next CTA at once
+
+
 def arch_with_sms(n: int):
     """The h200 preset with only its first `n` SM slots enabled (enabled SMs come first)."""
     return H200.replace(sm_enabled=np.arange(H200.n_sm_slots) < n)
@@ -36,8 +71,9 @@ def lowered(arch, kernel, warp_policy=1, dispatch=0, dispatch_start=0, clk=None,
 
 
 def two_sms(slow_mhz: int = 990):
-    """The first two h200 SM slots enabled: SM 0 at 1980 MHz, SM 1 at `slow_mhz`."""
-    arch = arch_with_sms(2)
+    """The first two h200 SM slots enabled: SM 0 at 1980 MHz, SM 1 at `slow_mhz`; no CTA launch
+    latency (the closed-loop hand computations count from a completion to the next start)."""
+    arch = pinned(arch_with_sms(2), **NO_LAUNCH_LATENCY)
     freq = np.zeros(arch.n_sm_slots)
     freq[:2] = (1980, slow_mhz)
     return arch, clocks.from_array(arch, freq)
@@ -153,7 +189,7 @@ def test_lds_short_scoreboard_and_mio_backlog():
     cycle 2 with m = 4 - 1 = 3 (one served at the end of cycle 1): ready_mio = 2 + 3 + 4 + 29 =
     38. The dependent FMA issues at 38, EXIT at 39, makespan 40."""
     kernel = make_kernel("lds ways=4\nlds ways=4\nfma dep", grid=1, threads=32)
-    r = reference.simulate(H200, kernel)
+    r = reference.simulate(HAND_ARCH, kernel)
     sm = int(r["cta_sm"][0])
     assert r["makespan_ticks"] == 40
     st = stalls(r, sm)
@@ -167,7 +203,7 @@ def test_mio_throttle():
     c4..c9 throttled (21..16 >= 16); c10: m 15 -> 23 (22); c11..c17 throttled; c18: m 15;
     ready_mio = 18 + 15 + 8 + 29 = 70; dependent FMA at 70, EXIT 71, makespan 72."""
     kernel = make_kernel("\n".join(["lds ways=8"] * 5) + "\nfma dep", grid=1, threads=32)
-    r = reference.simulate(H200, kernel)
+    r = reference.simulate(HAND_ARCH, kernel)
     sm = int(r["cta_sm"][0])
     assert r["makespan_ticks"] == 72
     st = stalls(r, sm)
@@ -192,14 +228,15 @@ def test_ldg_latency_and_queue_order_within_a_cycle():
     queues first: ready_mem = 1 + lat + max(ceil(q_l2 / 1024), ceil(q_dram / 1024)) with its own
     cost; scheduler 1 sees both costs. The dependent FMA issues at ready_mem, EXIT one later."""
     kernel = make_kernel("ldg bytes=4096\nfma dep", grid=1, threads=64, l2_hit_rate=0.5)
-    launch = lowered(H200, kernel)
+    launch = lowered(HAND_ARCH, kernel)
     lat, l2, dram = (int(launch.mem_lat_ticks[0]), int(launch.l2_cost[0]), int(launch.dram_cost[0]))
-    # round((120 + 0.5 * 240) ns * 1.98 GHz) = round(475.2); round(4096 * 1.98 / 5500 * 1024)
+    # round((120 + 0.5 * 240) ns * 1.98 GHz) = round(475.2); round(4096 * 1.98 / 5500 * 1024);
+    # round(4096 * 0.5 * 1.98 / 4800 * 1024)
     assert (lat, l2, dram) == (475, 1510, 865)
     ceil = lambda a: -(-a // 1024)  # noqa: E731
     ready0 = 1 + lat + max(ceil(l2), ceil(dram))  # 478
     ready1 = 1 + lat + max(ceil(2 * l2), ceil(2 * dram))  # 479
-    r = reference.simulate(H200, kernel)
+    r = reference.simulate(HAND_ARCH, kernel)
     assert r["makespan_ticks"] == max(ready0, ready1) + 2  # FMA at ready, EXIT at ready + 1
     sm = int(r["cta_sm"][0])
     st = stalls(r, sm)
@@ -211,7 +248,8 @@ def test_memory_latency_in_ticks_ignores_sm_clock():
     """A single warp's dependent LDG: the FMA waits `mem_lat_ticks` global ticks."""
     kernel = make_kernel("ldg\nfma dep", grid=1, threads=32, l2_hit_rate=1.0)
     for ghz in (1.0, 2.0):
-        arch = arch_with_sms(1)
+        arch = pinned(arch_with_sms(1), l2_hit_latency_ns=120.0, l2_bytes_per_ns=5500.0,
+                      cta_launch_ns=0.0)
         clk = clocks.uniform(arch, ghz)
         launch = lowered(arch, kernel, clk=clk)
         lat = int(launch.mem_lat_ticks[0])
@@ -448,8 +486,9 @@ def test_least_loaded_sees_partly_done_ctas():
     Tick 14: c0 (SM 0, warps exit 10 and 14) and c3 (SM 1, 14 and 10) complete, so both SMs
     have one free slot. SM 0 still holds c2 with 2 live warps (exits 22, 18); SM 1 holds c1
     whose warp 0 exited in this very tick (4 * 4 - 2 = 14), 1 live warp (exit 18).
-    hardware: equal room -> rank 0 = SM 0; least_loaded: 1 < 2 live warps -> SM 1."""
-    arch = arch_with_sms(2)
+    hardware: equal room -> rank 0 = SM 0; least_loaded: 1 < 2 live warps -> SM 1. (No CTA
+    launch latency: the freed slots take c4 in the completion tick.)"""
+    arch = pinned(arch_with_sms(2), **NO_LAUNCH_LATENCY)
     kernel = make_kernel("loop 2 warp_spread=6\n  fma dep\nend", grid=5, threads=64,
                          smem_bytes=100 * 1024, seed=9)
     launch = lowered(arch, kernel, dispatch=2)
@@ -561,8 +600,9 @@ def test_closed_loop_same_tick_completions_update_in_slot_order():
     the EXIT issues 4 t ticks after the start. Seed 4: t = 5, 2, 3. c0 (slot 0) runs 0..20,
     c1 (slot 1) 0..8, c2 (slot 1 again) 8..20: c0 and c2 complete in the same cycle.
     a = round(0.5 * 256) = 128, prior 0: c1: 1024 // 256 = 4; tick 20 in slot order: c0 (d = 20)
-    4 + 2048 // 256 = 12, then c2 (d = 12) 12 + 0 = 12. (The other order would give 8, 14.)"""
-    arch = arch_with_sms(1)
+    4 + 2048 // 256 = 12, then c2 (d = 12) 12 + 0 = 12. (The other order would give 8, 14.)
+    No CTA launch latency: c2 starts in c1's completion tick."""
+    arch = pinned(arch_with_sms(1), **NO_LAUNCH_LATENCY)
     kernel = make_kernel("loop 3 cta_spread=2\n  fma dep\nend\nfma\nfma", grid=3, threads=32,
                          smem_bytes=100 * 1024, seed=4)
     assert [reference.warp_trips(4, 3, 2, 0, c, 0) for c in range(3)] == [5, 2, 3]
@@ -576,8 +616,10 @@ def test_closed_loop_same_tick_completions_update_in_slot_order():
 @pytest.mark.parametrize("dispatch", lower.DISPATCH_POLICIES)
 def test_every_cta_runs_once_with_mixed_clocks(dispatch):
     """Mixed clocks, uneven weights, a learning closed loop: every policy runs each CTA once,
-    never exceeds the residency limit, starts CTAs only at tick 0 or at a completion tick, and
-    does the same total work."""
+    never exceeds the residency limit, starts CTAs only at tick 0 or `cta_launch_ticks` after a
+    completion (when the freed slot becomes usable; closed loop also at a completion, where a
+    hold ends because a slot it counted as better frees and is no longer occupied), and does
+    the same total work."""
     arch = arch_with_sms(4)
     freq = np.zeros(arch.n_sm_slots)
     freq[:4] = (1980, 990, 1500, 1237)
@@ -587,6 +629,8 @@ def test_every_cta_runs_once_with_mixed_clocks(dispatch):
     r = reference.simulate(arch, kernel, clk, dispatch=dispatch, dispatch_start=3,
                            dispatch_weight=weights(arch, 5, 2, 4, 3), ema_alpha=0.5,
                            ema_prior_ns=20.0)
+    launch_ticks = int(lowered(arch, kernel, clk=clk).cta_launch_ticks)
+    assert launch_ticks > 0  # the preset's launch latency is on: starts lag completions
     assert np.all(np.isin(r["cta_sm"], [0, 1, 2, 3]))
     assert np.array_equal(np.bincount(r["cta_sm"], minlength=arch.n_sm_slots), r["sm_ctas"])
     assert r["sm_ctas"].sum() == 45
@@ -594,7 +638,10 @@ def test_every_cta_runs_once_with_mixed_clocks(dispatch):
     assert np.all(np.diff(r["cta_start_tick"]) >= 0)  # grid order
     assert r["makespan_ticks"] == r["cta_end_tick"].max() + 1
     assert np.all(r["cta_start_tick"][:24] == 0)  # 4 x 6 slots at tick 0, whatever the policy
-    assert set(r["cta_start_tick"][24:].tolist()) <= set(r["cta_end_tick"].tolist())
+    events = set((r["cta_end_tick"] + launch_ticks).tolist())
+    if dispatch == "closed_loop":
+        events |= set(r["cta_end_tick"].tolist())
+    assert set(r["cta_start_tick"][24:].tolist()) <= events
     for s in range(4):
         mine = r["cta_sm"] == s
         for t in np.unique(r["cta_start_tick"][mine]):

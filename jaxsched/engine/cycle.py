@@ -197,6 +197,8 @@ def run_tick(state: State, launch: Launch, shapes: Shapes) -> State:
         pipe_free=pipe_free,
         last=jnp.where(has, q_sel, state.last),
         cta_id=jnp.where(complete, -1, state.cta_id),
+        # The launch path needs cta_launch_ticks before a freed slot starts its next CTA.
+        cta_usable_tick=jnp.where(complete, k + launch.cta_launch_ticks, state.cta_usable_tick),
         cta_live=cta_live,
         cta_arrived=jnp.where(release, 0, cta_arrived),
         resident=state.resident - jnp.sum(complete, axis=1, dtype=jnp.int32),

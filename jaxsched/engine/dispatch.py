@@ -1,8 +1,10 @@
 """CTA dispatch, the GigaThread engine (docs/model.md section 9).
 
-A policy is a score per SM; the next CTA goes to the highest-scoring SM with a free CTA slot,
-one CTA at a time, scores re-evaluated after every placement. Policies are selected by a traced
-index, so one compiled simulation serves all of them.
+A policy is a score per SM; the next CTA goes to the highest-scoring SM with a usable free CTA
+slot, one CTA at a time, scores re-evaluated after every placement. A slot freed at tick `e` is
+usable from `e + cta_launch_ticks` (the launch path's latency), so "room" counts usable free
+slots while `resident` still counts occupied ones. Policies are selected by a traced index, so
+one compiled simulation serves all of them.
 
 The placement loop carries only the CTA-slot table (small); the warps of every CTA placed in the
 tick are then launched together, vectorised over all warp slots, from per-CTA variation tables
@@ -20,7 +22,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..lower import Launch, Shapes
-from .state import State
+from .state import INF, State
 from .variation import resolve_pc, warp_variation
 
 HARDWARE, ROUND_ROBIN, LEAST_LOADED, WEIGHTED, CLOSED_LOOP = range(5)
@@ -95,19 +97,43 @@ def _hold_for_better_slots(slots: _Slots, launch: Launch, est: Array, sm: Array,
     return (launch.dispatch_policy == CLOSED_LOOP) & (left <= jnp.sum(better, dtype=jnp.int64))
 
 
-def _room(slots: _Slots, launch: Launch) -> Int[Array, " sm"]:
-    return jnp.where(launch.sm_enabled, launch.ctas_per_sm - slots.resident, 0)
+def _cta_slots(launch: Launch, shapes: Shapes) -> Bool[Array, "sm cta"]:
+    """The CTA slots that exist in this launch: `j < ctas_per_sm` on enabled SMs."""
+    in_range = jnp.arange(shapes.cta_slots, dtype=jnp.int32) < launch.ctas_per_sm
+    return in_range[None, :] & launch.sm_enabled[:, None]
+
+
+def _usable_slots(state: State, launch: Launch, shapes: Shapes, tick: Int[Array, ""]) -> Bool[Array, "sm cta"]:
+    """CTA slots that may take a CTA in this tick once free: within `ctas_per_sm` and past the
+    launch latency of the CTA that last left them (docs/model.md section 9)."""
+    return _cta_slots(launch, shapes) & (state.cta_usable_tick <= tick)
+
+
+def next_usable_tick(state: State, launch: Launch, shapes: Shapes) -> Int[Array, ""]:
+    """The earliest tick after this one at which a free slot becomes usable, while CTAs remain to
+    dispatch (INF otherwise): an event for event skipping (docs/model.md section 11)."""
+    waiting = _cta_slots(launch, shapes) & (state.cta_id < 0) & (state.cta_usable_tick > state.tick)
+    soonest = jnp.min(jnp.where(waiting, state.cta_usable_tick, INF))
+    return jnp.where(state.next_cta < launch.n_ctas, soonest, INF)
+
+
+def _room(slots: _Slots, usable: Bool[Array, "sm cta"]) -> Int[Array, " sm"]:
+    """Usable free CTA slots per SM (0 on floorswept SMs)."""
+    return jnp.sum((slots.cta_id < 0) & usable, axis=1, dtype=jnp.int32)
 
 
 def _place_one(
-    slots: _Slots, launch: Launch, shapes: Shapes, est: Int[Array, " sm"], tick: Int[Array, ""]
+    slots: _Slots,
+    launch: Launch,
+    usable: Bool[Array, "sm cta"],
+    est: Int[Array, " sm"],
+    tick: Int[Array, ""],
 ) -> _Slots:
-    room = _room(slots, launch)
+    room = _room(slots, usable)
     score = jnp.where(room > 0, scores(slots, launch, room, est, tick), jnp.iinfo(jnp.int64).min)
     sm = jnp.argmax(score).astype(jnp.int32)
     hold = _hold_for_better_slots(slots, launch, est, sm, tick)
-    free = (slots.cta_id[sm] < 0) & (jnp.arange(shapes.cta_slots, dtype=jnp.int32) < launch.ctas_per_sm)
-    j = jnp.argmax(free).astype(jnp.int32)
+    j = jnp.argmax((slots.cta_id[sm] < 0) & usable[sm]).astype(jnp.int32)  # lowest usable free slot
     n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled, dtype=jnp.int32), 1)
     placed = _Slots(
         cta_id=slots.cta_id.at[sm, j].set(slots.next_cta),
@@ -125,16 +151,18 @@ def _place_one(
 def dispatch(
     state: State, launch: Launch, shapes: Shapes, variation: Variation, tick: Int[Array, ""]
 ) -> State:
-    """Place CTAs until the grid is exhausted or no enabled SM has a free slot; launch their warps."""
+    """Place CTAs until the grid is exhausted or no enabled SM has a usable free slot; launch
+    their warps."""
+    usable = _usable_slots(state, launch, shapes, tick)
 
     def has_work(slots: _Slots) -> Array:
-        return (slots.next_cta < launch.n_ctas) & jnp.any(_room(slots, launch) > 0) & ~slots.hold
+        return (slots.next_cta < launch.n_ctas) & jnp.any(_room(slots, usable) > 0) & ~slots.hold
 
     live = jnp.sum(state.cta_live, axis=1, dtype=jnp.int32)
     start = _Slots(state.cta_id, state.resident, live, state.cta_start, state.next_cta,
                    state.rr_pointer, jnp.bool_(False))
     est = _censored_estimate(state, tick)
-    slots = jax.lax.while_loop(has_work, lambda s: _place_one(s, launch, shapes, est, tick), start)
+    slots = jax.lax.while_loop(has_work, lambda s: _place_one(s, launch, usable, est, tick), start)
     new = (slots.cta_id >= 0) & (slots.cta_id != state.cta_id)  # [sm, cta]
 
     # Launch the new CTAs' warps: slot w belongs to CTA slot w // W, warp w mod W.

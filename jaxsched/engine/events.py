@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int
 
 from ..lower import QUEUE_ONE_TICK, Launch, Shapes
+from .dispatch import next_usable_tick
 from .power import next_dvfs_event
 from .state import State
 from .status import INF, count_reasons, warp_status
@@ -55,8 +56,10 @@ def skip_to_next_event(state: State, launch: Launch, shapes: Shapes, done: Array
     by_cycle = jnp.where(clear_cycle < INF, k + ticks_until_cycle(state, launch, clear_cycle), INF)
     by_tick = jnp.min(st.clear_tick, axis=1)
     per_sm = jnp.where(launch.sm_enabled, jnp.minimum(by_cycle, by_tick), INF)
-    # Grid-barrier releases (section 8) and clock changes (section 12) are events too.
-    nxt = jnp.minimum(jnp.min(per_sm), jnp.minimum(state.g_release, next_dvfs_event(state, launch)))
+    # Grid-barrier releases (section 8), freed CTA slots becoming usable (section 9) and clock
+    # changes (section 12) are events too.
+    nxt = jnp.minimum(jnp.minimum(jnp.min(per_sm), next_usable_tick(state, launch, shapes)),
+                      jnp.minimum(state.g_release, next_dvfs_event(state, launch)))
     nxt = jnp.where((nxt < INF) & ~done, nxt, k + 1)  # nothing pending only after the last CTA
     # A held dispatch depends on the tick itself (section 9): look again at the next tick.
     nxt = jnp.where(state.dispatch_hold, k + 1, nxt)

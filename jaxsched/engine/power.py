@@ -15,7 +15,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
-from ..dvfs import T_REF_MK
+from ..dvfs import T_MAX_MK, T_MIN_MK, T_REF_MK
 from ..lower import Launch, Shapes
 from .state import INF, Counters, DvfsState, State
 from .variation import hash3
@@ -149,6 +149,7 @@ def _sample(dv: DvfsState, state: State, launch: Launch, shapes: Shapes, doms: D
     target = _i64(d.ambient_mk) + t_power * (_i64(d.r_mk) // jnp.maximum(doms.thermal_size, 1)) // 1000
     tau = _i64(d.tau_ticks)
     temp = dv.temp_mk + (target - dv.temp_mk) * jnp.minimum(_i64(d.period_ticks), tau) // tau
+    temp = jnp.clip(temp, T_MIN_MK, T_MAX_MK)  # a thermal runaway saturates
     dv = replace(dv, temp_mk=jnp.where(do, temp, dv.temp_mk))
     pending = _controller(dv, launch, doms, power)
     droop = _i64(d.bin_mhz) * ((power * _i64(d.droop_m) // 1_000_000) // _i64(d.bin_mhz))

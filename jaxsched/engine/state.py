@@ -97,6 +97,7 @@ class State(eqx.Module):
     cta_arrived: Int[Array, "sm cta"]
     resident: Int[Array, " sm"]  # CTAs resident
     cta_start: Int[Array, "sm cta"]  # start tick of the CTA in each slot
+    cta_usable_tick: Int[Array, "sm cta"]  # a free slot takes a CTA from this tick (section 9)
     dispatch_est: Int[Array, " sm"]  # closed-loop estimate of a CTA's duration, ticks (int64)
     dispatch_hold: Bool[Array, ""]  # closed loop held CTAs back this tick: re-evaluate next tick
     warps: Warps
@@ -131,6 +132,7 @@ def initial_state(shapes: Shapes) -> State:
         cta_arrived=zi(s, c),
         resident=zi(s),
         cta_start=zi(s, c),
+        cta_usable_tick=zi(s, c),
         dispatch_est=zl(s),
         dispatch_hold=jnp.zeros((), bool),
         warps=Warps(

@@ -1,0 +1,80 @@
+"""Summarise `sweeps/die_scaling.toml`: median makespan by kernel shape, dispatch policy and
+per-SM clock spread, each policy's gap to the fluid lower bound (`jaxsched.bounds`), a markdown
+table (stdout) and a figure.
+
+The fluid bound needs each kernel's per-CTA work: it is measured here with two runs of the kernel
+on a uniform chip (1980 and 1188 MHz, work split into clock-scaled cycles and fixed ns), then
+evaluated on every configuration's clock map.
+
+    python benchmarks/die_scaling_report.py OUT|reduced.nc [--png docs/img/die_scaling.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import jax
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import xarray as xr  # noqa: E402
+
+import jaxsched as js  # noqa: E402
+from jaxsched import bounds, sweep  # noqa: E402
+
+SPEC = Path(__file__).resolve().parent.parent / "sweeps" / "die_scaling.toml"
+
+
+def fluid_bounds(ds, arch: js.Arch, kernel: js.Kernel, variant: str) -> np.ndarray:
+    """Fluid bound (ns) of every configuration of `variant` [dispatch, sigma, replicate]."""
+    runs = [js.simulate(arch, kernel, js.clocks.uniform(arch, ghz)) for ghz in (1.98, 1.188)]
+    work = bounds.work_from_uniform(*runs)
+    mhz = np.asarray(ds.sm_freq_mhz.sel(kernel_variant=variant), dtype=np.float32)
+    full = np.zeros(mhz.shape[:-1] + (arch.n_sm_slots,), np.float32)
+    full[..., : mhz.shape[-1]] = mhz  # enabled SMs are the first slots
+    flat = full.reshape(-1, arch.n_sm_slots)
+    fluid = jax.jit(jax.vmap(lambda f: bounds.fluid_ns(work, f)))(flat)
+    return np.asarray(fluid).reshape(mhz.shape[:-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("out")
+    parser.add_argument("--png", default=None)
+    args = parser.parse_args()
+    ds = xr.open_dataset(args.out, engine="h5netcdf") if args.out.endswith(".nc") else sweep.open_result(args.out)
+    spec = sweep.load(SPEC)
+    arch = spec.arch
+    variants = list(ds.kernel_variant.values)
+    policies = list(ds.policy_dispatch.values)
+    sigmas = [float(s) for s in ds.clocks_sigma.values]
+    fig, axes = plt.subplots(1, len(variants), figsize=(5 * len(variants), 4), squeeze=False)
+    print("| kernel | policy | " + " | ".join(f"σ = {s:g}" for s in sigmas) + " |")
+    print("|---|---|" + "---|" * len(sigmas))
+    for ax, variant in zip(axes[0], variants):
+        kernel = spec.base[sweep.sweep_paths.VARIANTS][variant]
+        fluid = fluid_bounds(ds, arch, kernel, variant)
+        make = np.asarray(ds.makespan_ns.sel(kernel_variant=variant))  # [dispatch, sigma, replicate]
+        gap = make / fluid - 1.0
+        for i, policy in enumerate(policies):
+            med = np.median(make[i], axis=-1)
+            cells = [f"{m / 1000:.2f} µs ({100 * np.median(g):+.1f} %)" for m, g in zip(med, gap[i])]
+            print(f"| {variant} | {policy} | " + " | ".join(cells) + " |")
+            ax.plot(sigmas, med / 1000, marker="o", label=policy)
+            lo, hi = np.percentile(make[i], [25, 75], axis=-1)
+            ax.fill_between(sigmas, lo / 1000, hi / 1000, alpha=0.15)
+        ax.plot(sigmas, np.median(fluid, axis=(0, -1)) / 1000, "k--", label="fluid bound")
+        ax.set_title(variant)
+        ax.set_xlabel("per-SM clock spread σ")
+        ax.set_ylabel("makespan (µs), median and IQR")
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    if args.png:
+        fig.savefig(args.png, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

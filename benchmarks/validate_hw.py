@@ -1,0 +1,130 @@
+"""The simulator against the H200 (issue 8): each probe case, simulated and measured.
+
+For every case of the probe suite (`jaxsched.probe.suite`) and its measured launch with the
+median makespan (or every launch, `--launches all`), simulate the same kernel on the `h200`
+preset with every SM at the clock it ran that launch at, the hardware dispatcher's order rotated
+to agree best with the SMs the launch gave its first CTAs, and GTO warp scheduling. Compare:
+
+- makespan (error in %, simulated over measured);
+- per-SM CTA counts (fraction of SMs with the same count, largest difference);
+- completion stagger of each SM's first-wave CTAs (first end over last end, medians).
+
+    python benchmarks/validate_hw.py --data data/h200 -o data/h200/validate_hw.json [--jobs 2]
+
+Prints a Markdown table (the README's) with the mean and worst absolute makespan error, over the
+cases not used for calibration and over all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def simulate_launch(job: dict) -> dict:
+    """One case and launch: simulate and compare (runs in a worker process)."""
+    import jaxsched as js
+    from jaxsched.probe import metrics, store
+    from jaxsched.probe.suite import default_suite
+
+    case = {c.name: c for c in default_suite()}[job["case"]]
+    launch = job["launch"]
+    arch = case.sim_arch(js.presets.get(job["arch"]))
+    kernel = case.sim_kernel(arch, job["regs"])
+    n_enabled = int(np.sum(arch.sm_enabled))
+    # each SM at the clock it ran this launch at (clock64 against %globaltimer); SMs that ran
+    # nothing at the launch's median clock
+    mhz = np.full(arch.n_sm_slots, launch["clock_mhz"])
+    measured = np.asarray([np.nan if f is None else f for f in launch["sm_clock_mhz"]], dtype=np.float64)
+    mhz[: measured.size] = np.where(np.isnan(measured), launch["clock_mhz"], measured)
+    clk = js.clocks.from_array(arch, mhz)
+    start = metrics.dispatch_start(launch["first_wave_sms"], np.asarray(arch.dispatch_order), n_enabled)
+    t = time.time()
+    r = js.simulate(arch, kernel, clk, warp_policy=job["warp_policy"], dispatch="hardware", dispatch_start=start)
+    wall = time.time() - t
+    n = case.grid
+    cta_sm = np.asarray(r.cta_sm)[:n]
+    start_ns, end_ns = np.asarray(r.cta_start_ns)[:n], np.asarray(r.cta_end_ns)[:n]
+    makespan = float(r.makespan_ns)
+    st = metrics.first_wave_stagger(cta_sm, start_ns, end_ns, store.STAGGER_WINDOW * makespan)
+    hw_counts = np.asarray(launch["sm_ctas"])
+    sim_counts = metrics.sm_counts(cta_sm, hw_counts.size)
+    return {
+        "case": case.name, "role": case.role, "launch": job["index"], "clock_mhz": launch["clock_mhz"],
+        "dispatch_start": start, "hw_makespan_ns": launch["makespan_ns"], "sim_makespan_ns": makespan,
+        "error_percent": 100.0 * (makespan - launch["makespan_ns"]) / launch["makespan_ns"],
+        "sm_counts_equal": float(np.mean(sim_counts == hw_counts)),
+        "sm_counts_max_diff": int(np.max(np.abs(sim_counts - hw_counts))),
+        "hw_first_over_last": launch["stagger_first_over_last"], "sim_first_over_last": st.first_over_last,
+        "hw_spread": launch["stagger_spread"], "sim_spread": st.spread, "sim_wall_s": wall,
+    }
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| case | role | measured (ns) | simulated (ns) | error | SMs with equal CTA count | "
+             "first/last CTA end, hw vs sim |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['case']} | {r['role']} | {r['hw_makespan_ns']:.0f} | {r['sim_makespan_ns']:.0f} | "
+                     f"{r['error_percent']:+.1f} % | {100 * r['sm_counts_equal']:.0f} % "
+                     f"(max diff {r['sm_counts_max_diff']}) | "
+                     f"{r['hw_first_over_last']:.2f} vs {r['sim_first_over_last']:.2f} |")
+    return "\n".join(lines)
+
+
+def error_stats(rows: list[dict]) -> dict:
+    err = np.abs([r["error_percent"] for r in rows])
+    worst = rows[int(np.argmax(err))]["case"] if len(err) else ""
+    return {"n": int(len(err)), "mean_abs_percent": float(np.mean(err)) if len(err) else float("nan"),
+            "worst_abs_percent": float(np.max(err)) if len(err) else float("nan"), "worst_case": worst}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default=str(ROOT / "data" / "h200"), help="folder with the probe's summary.json")
+    parser.add_argument("-o", "--output", default=None, help="JSON with every row and the error statistics")
+    parser.add_argument("--arch", default="h200")
+    parser.add_argument("--warp-policy", default="gto")
+    parser.add_argument("--cases", nargs="+", default=None)
+    parser.add_argument("--launches", choices=("median", "all"), default="median")
+    parser.add_argument("--jobs", type=int, default=1, help="worker processes")
+    args = parser.parse_args(argv)
+
+    summary = json.loads((Path(args.data) / "summary.json").read_text())
+    jobs = []
+    for name, case in summary["cases"].items():
+        if args.cases and name not in args.cases:
+            continue
+        launches = case["launches"]
+        order = np.argsort([x["makespan_ns"] for x in launches])
+        picks = range(len(launches)) if args.launches == "all" else [int(order[len(order) // 2])]
+        jobs += [{"case": name, "launch": launches[k], "index": k, "regs": case["regs"], "arch": args.arch,
+                  "warp_policy": args.warp_policy} for k in picks]
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs) as pool:
+            rows = list(pool.map(simulate_launch, jobs))
+    else:
+        rows = [simulate_launch(j) for j in jobs]
+    stats = {"prediction": error_stats([r for r in rows if r["role"] == "prediction"]),
+             "calibration": error_stats([r for r in rows if r["role"] == "calibration"]),
+             "all": error_stats(rows)}
+    print(markdown(rows))
+    for key, s in stats.items():
+        print(f"{key}: {s['n']} launches, mean |error| {s['mean_abs_percent']:.2f} %, "
+              f"worst {s['worst_abs_percent']:.2f} % ({s['worst_case']})")
+    if args.output:
+        Path(args.output).write_text(json.dumps({"rows": rows, "stats": stats, "arch": args.arch,
+                                                 "warp_policy": args.warp_policy}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
