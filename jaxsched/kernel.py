@@ -21,12 +21,13 @@ Programs are written in a tiny text form (also the TOML `program` field):
     bar                                    # __syncthreads()
     exit                                   # appended if missing
 
-`gsync` is a grid-wide barrier (cooperative groups' `grid.sync()`); it needs a cooperative
-launch (`cooperative=True`: every CTA co-resident) and excludes `bar` in the same program. A
-persistent kernel (`work_items=N`) is a grid of co-resident CTAs whose warps take loop
-iterations from a global queue of N work items instead of running a fixed trip count.
-
 See docs/model.md for what each instruction does, cycle by cycle.
+
+Launch modes: `gsync` (a program line) is a grid-wide barrier, cooperative groups'
+`grid.sync()`; it needs a cooperative launch (`cooperative=True`: every CTA co-resident) and
+excludes `bar` in the same program. A persistent kernel (`work_items=N`) is a grid of
+co-resident CTAs whose warps take loop iterations from a global queue of N work items instead of
+running a fixed trip count.
 """
 
 from __future__ import annotations
