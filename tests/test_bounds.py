@@ -139,7 +139,8 @@ def test_vmap_over_clock_maps_equals_one_by_one():
 
 # ----------------------------------------------------------------------------- work from the engine
 
-ARCH = small_arch(2)  # 4 enabled SMs
+# 4 enabled SMs; slots reused at once (a CTA launch latency, in ns, would enter the work as ns)
+ARCH = small_arch(2, cta_launch_ns=np.float32(0.0))
 COMPUTE = "loop 6 cta_spread=2\n fma dep\n sfu dep\nend"
 MEMORY = "loop 4\n ldg dep bytes=128\nend"
 WORK_MHZ = (1980.0, 1188.0)
