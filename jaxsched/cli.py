@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import archio, clocks, presets, probe_cli
+from . import archio, clocks, fit_cli, presets, probe_cli
 from .arch import Arch
 from .errors import JaxschedError, check
 from .lower import DISPATCH_POLICIES, WARP_POLICIES
@@ -392,6 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fix a dimension (floorplan, stalls); repeatable")
     p.add_argument("--var", default=None, help="per-SM variable for --kind floorplan (default sm_utilisation)")
     _COMMANDS["probe"] = probe_cli.add_parser(sub)  # issue 8: hardware probe
+    _COMMANDS["fit"] = fit_cli.add_parser(sub)  # issue 7: optax fits (speeds, dispatch)
     return parser
 
 

@@ -1,0 +1,163 @@
+"""Dispatch parameters fitted through the surrogate with optax, judged in the exact engine.
+
+A *family* maps a few learnable numbers `theta` to the engine's dispatch inputs, as a function of
+what a dispatcher can know (each SM's clock, the kernel's mean CTA time), so that one `theta`
+serves chips it was not fitted on:
+
+- `weighted`: static weights `w_s = (f_s / mean f)^gamma` (`gamma = 1` is the engine's default,
+  the clocks; the engine takes `round(1000 w_s)`, clipped to 1..32768);
+- `closed_loop`: `ema_alpha = sigmoid(a)` and `ema_prior_ns = exp(b) d`, `d` the kernel's mean
+  CTA occupancy at the chip's mean clock;
+- `closed_loop_per_sm` (a proposal; the engine takes one prior for every SM): the prior of SM
+  `s` is `exp(b) d (mean f / f_s)^gamma`, a static frequency-aware estimate that the tail hold
+  can use before any CTA has completed.
+
+`fit` minimises the mean of `surrogate makespan / fluid bound` (`bounds.fluid_ns`, a constant
+per configuration) over the training configurations (clock maps x kernels), all in one `vmap`,
+with Adam. With `per_chip`, every training chip gets its own `theta` and its own fit, still in one
+call (the loss is a sum of per-chip losses, Adam is per parameter). `evaluate` runs the learned
+and the reference policies in the exact engine on other clock maps.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jaxtyping import Array, Float, Int
+
+from ..arch import Arch
+from ..errors import check
+from .launch import DispatchParams, SurrogateLaunch
+from .relax import schedule
+
+FAMILIES = ("weighted", "closed_loop", "closed_loop_per_sm")
+ENGINE_POLICY = {"weighted": "weighted", "closed_loop": "closed_loop", "closed_loop_per_sm": "closed_loop"}
+WEIGHT_SCALE = 1000.0  # engine weight of an SM at the mean clock
+_INITIAL = {
+    "weighted": {"gamma": 1.0},
+    "closed_loop": {"alpha_logit": float(np.log(0.25 / 0.75)), "log_prior": 0.0},
+    "closed_loop_per_sm": {"alpha_logit": float(np.log(0.25 / 0.75)), "log_prior": 0.0, "gamma": 1.0},
+}
+
+
+class Problem(NamedTuple):
+    """Training configurations, stacked: surrogate launches and their normalisers."""
+
+    launch: SurrogateLaunch  # leading axis: configuration
+    fluid_ns: Float[Array, " config"]
+    group: Int[Array, " config"]  # the chip a configuration belongs to (per-chip fits)
+
+
+class FitResult(NamedTuple):
+    family: str
+    theta: dict[str, np.ndarray]  # each [group]
+    loss: np.ndarray  # [step, group]: mean makespan / fluid bound
+
+
+def initial_theta(family: str, n_groups: int = 1) -> dict[str, Array]:
+    check(family in FAMILIES, "family", family, f"one of {FAMILIES}")
+    return {k: jnp.full((n_groups,), v, jnp.float32) for k, v in _INITIAL[family].items()}
+
+
+def mean_occupancy_ns(launch: SurrogateLaunch) -> Float[Array, ""]:
+    """`d`: the mean CTA slot occupancy at the chip's mean clock (scales the EMA prior)."""
+    f, on, w = launch.sm_freq_mhz, launch.sm_enabled, launch.work
+    mean_mhz = jnp.sum(jnp.where(on, f, 0.0)) / jnp.maximum(jnp.sum(on), 1)
+    total = jnp.sum(jnp.where(w.valid, w.cycles * 1000.0 / mean_mhz + w.ns, 0.0))
+    return total / jnp.maximum(jnp.sum(w.valid), 1)
+
+
+def _log_speed(launch: SurrogateLaunch) -> Float[Array, " sm"]:
+    f, on = launch.sm_freq_mhz, launch.sm_enabled
+    mean_mhz = jnp.sum(jnp.where(on, f, 0.0)) / jnp.maximum(jnp.sum(on), 1)
+    return jnp.where(on, jnp.log(jnp.where(on, f, 1.0) / mean_mhz), 0.0)
+
+
+def params_for(family: str, theta: dict[str, Array], launch: SurrogateLaunch) -> DispatchParams:
+    """The surrogate's dispatch parameters of one configuration (scalar `theta` entries)."""
+    log_speed = _log_speed(launch)
+    ones = jnp.ones_like(launch.sm_freq_mhz)
+    if family == "weighted":
+        return DispatchParams(weight=jnp.exp(theta["gamma"] * log_speed), ema_alpha=jnp.float32(0.25),
+                              ema_prior_ns=0.0 * ones)
+    d = mean_occupancy_ns(launch)
+    tilt = theta["gamma"] * log_speed if family == "closed_loop_per_sm" else 0.0
+    return DispatchParams(weight=ones, ema_alpha=jax.nn.sigmoid(theta["alpha_logit"]),
+                          ema_prior_ns=jnp.exp(theta["log_prior"] - tilt) * d * ones)
+
+
+def engine_inputs(family: str, theta: dict[str, float], arch: Arch, sm_freq_mhz: np.ndarray,
+                  mean_occupancy: float) -> dict:
+    """Keyword arguments of `jaxsched.simulate` for the learned policy on one chip.
+
+    `closed_loop_per_sm` gives a per-SM `ema_prior_ns`, which the engine does not take yet
+    (docs/surrogate.md, "Proposal")."""
+    enabled = np.asarray(arch.sm_enabled)
+    f = np.where(enabled, np.asarray(sm_freq_mhz, np.float64), np.nan)
+    log_speed = np.where(enabled, np.log(f / np.nanmean(f)), 0.0)
+    if family == "weighted":
+        w = np.clip(np.rint(WEIGHT_SCALE * np.exp(float(theta["gamma"]) * log_speed)), 1, 2**15)
+        return {"dispatch": "weighted", "dispatch_weight": np.where(enabled, w, 0).astype(np.int32)}
+    alpha = float(1.0 / (1.0 + np.exp(-float(theta["alpha_logit"]))))
+    prior = np.exp(float(theta["log_prior"])) * mean_occupancy
+    if family == "closed_loop_per_sm":
+        prior = np.where(enabled, prior * np.exp(-float(theta["gamma"]) * log_speed), 0.0)
+    return {"dispatch": "closed_loop", "ema_alpha": alpha, "ema_prior_ns": prior}
+
+
+def _group_means(x: Array, group: Array, n_groups: int) -> Array:
+    return jax.ops.segment_sum(x, group, n_groups) / jnp.maximum(jax.ops.segment_sum(jnp.ones_like(x), group, n_groups), 1)
+
+
+@functools.partial(jax.jit, static_argnames=("family", "max_slots", "n_groups", "mode"))
+def losses(theta: dict[str, Array], problem: Problem, temperature: Float[Array, ""], *, family: str,
+           max_slots: int, n_groups: int, mode: str = "soft") -> Float[Array, " group"]:
+    """Per group, the mean surrogate makespan over the fluid bound (`theta` entries [group])."""
+    per_config = {k: v[problem.group] for k, v in theta.items()}
+    run = functools.partial(schedule, policy=ENGINE_POLICY[family], mode=mode, max_slots=max_slots)
+
+    def one(th, launch):
+        return run(launch, params_for(family, th, launch), temperature).makespan_ns
+
+    makespan = jax.vmap(one)(per_config, problem.launch)
+    return _group_means(makespan / problem.fluid_ns, problem.group, n_groups)
+
+
+def fit(problem: Problem, family: str, *, steps: int, learning_rate: float, temperature: float,
+        max_slots: int, per_chip: bool = False, progress=None) -> FitResult:
+    """Adam on `theta` (shared, or one per chip with `per_chip`); returns the loss curve."""
+    check(steps >= 1, "fit.steps", steps, ">= 1")
+    check(learning_rate > 0, "fit.learning_rate", learning_rate, "> 0")
+    check(temperature > 0, "fit.temperature", temperature, "> 0 (the soft surrogate)")
+    n_groups = int(np.max(np.asarray(problem.group))) + 1 if per_chip else 1
+    if not per_chip:
+        problem = problem._replace(group=jnp.zeros_like(problem.group))
+    theta = initial_theta(family, n_groups)
+    opt = optax.adam(learning_rate)
+    state = opt.init(theta)
+    temp = jnp.float32(temperature)
+    loss_fn = functools.partial(losses, problem=problem, temperature=temp, family=family,
+                                max_slots=max_slots, n_groups=n_groups)
+
+    def total(th):
+        per_group = loss_fn(th)
+        return jnp.sum(per_group), per_group
+
+    @jax.jit
+    def step(theta, state):
+        (_, per_group), grad = jax.value_and_grad(total, has_aux=True)(theta)
+        updates, state = opt.update(grad, state, theta)
+        return optax.apply_updates(theta, updates), state, per_group
+
+    curve = []
+    for i in range(steps):
+        theta, state, value = step(theta, state)
+        curve.append(np.asarray(value))
+        if progress is not None:
+            progress(i + 1, steps, float(np.mean(curve[-1])))
+    return FitResult(family=family, theta={k: np.asarray(v) for k, v in theta.items()}, loss=np.stack(curve))

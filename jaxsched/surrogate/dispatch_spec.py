@@ -1,0 +1,329 @@
+"""`jaxsched fit dispatch SPEC`: the spec, the training problem, and the exact-engine evaluation.
+
+Spec (TOML; see `sweeps/fit_dispatch.toml` and docs/surrogate.md):
+
+    title = "..."
+    arch = "h200"                  # preset name or arch TOML path (relative to the spec)
+    warp_policy = "gto"
+    seed = 0
+    families = ["weighted", "closed_loop"]      # what to fit (dispatch_fit.FAMILIES)
+    [[kernels]]                    # one table per kernel: a kernel TOML file and/or inline fields
+    file = "kernels/compute_bound.toml"
+    grid = 4224                    # inline fields override the file's
+    [clocks]                       # frequency maps, as a sweep's [clocks] (gaussian or variation)
+    model = "gaussian"
+    mean_ghz = 1.8
+    sigma = 0.1
+    train_maps = 8                 # chips the fit sees
+    test_maps = 8                  # other chips, for the exact-engine evaluation
+    [fit]
+    steps = 40
+    learning_rate = 0.1
+    temperature = 0.05             # the soft surrogate's temperature (docs/surrogate.md)
+    per_chip = false               # true: one theta per training chip (evaluated on that chip)
+
+Train map `i` draws its clocks from seed `seed * 1_000_003 + i`, test map `j` from
+`seed * 1_000_003 + 500_000 + j`: the two sets never share a chip.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import xarray as xr
+
+from .. import archio, bounds, clocks, presets
+from ..arch import Arch
+from ..engine.run import simulate_batch
+from ..errors import JaxschedError, check
+from ..kernel import Kernel, kernel_from_dict
+from ..lower import DISPATCH_POLICIES, WARP_POLICIES
+from ..sweep import clock_map
+from . import dispatch_fit as df
+from .launch import (
+    dispatch_params,
+    make_launch,
+    stack_launches,
+    uniform_runs,
+    work_from_runs,
+)
+from .relax import schedule
+
+_TOP = ("title", "arch", "warp_policy", "seed", "families", "kernels", "clocks", "fit")
+_CLOCKS = {"model": "gaussian", "mean_ghz": 1.8, "sigma": 0.1, "sigma_die": 0.0, "corr_length_mm": None,
+           "ir_drop": False, "train_maps": 8, "test_maps": 8}
+_FIT = {"steps": 40, "learning_rate": 0.1, "temperature": 0.05, "per_chip": False}
+_KERNEL_KEYS = ("file", "name", "program", "grid", "threads", "regs", "smem_bytes", "static_smem_bytes",
+                "l2_hit_rate", "seed")
+TEST_SEED_OFFSET = 500_000
+ENGINE_FAMILIES = ("weighted", "closed_loop")  # closed_loop_per_sm needs per-SM priors in the engine
+
+
+@dataclasses.dataclass(frozen=True)
+class DispatchSpec:
+    title: str
+    text: str
+    arch: Arch
+    warp_policy: str
+    seed: int
+    families: tuple[str, ...]
+    kernels: tuple[Kernel, ...]
+    clocks: dict
+    fit: dict
+
+    def map_seed(self, i: int, test: bool) -> int:
+        return self.seed * 1_000_003 + (TEST_SEED_OFFSET if test else 0) + i
+
+
+def _table(doc: dict, key: str, defaults: dict, source: str) -> dict:
+    table = {**defaults, **doc.get(key, {})}
+    for k, v in table.items():
+        check(k in defaults, f"{source}: {key}.{k}", v, f"unknown key; expected one of {tuple(defaults)}")
+    return table
+
+
+def _kernel(entry: dict, base_dir: Path, source: str, i: int) -> Kernel:
+    where = f"{source}: kernels[{i}]"
+    check(isinstance(entry, dict), where, entry, "a table ([[kernels]])")
+    for k, v in entry.items():
+        check(k in _KERNEL_KEYS, f"{where}.{k}", v, f"unknown key; expected one of {_KERNEL_KEYS}")
+    fields = {}
+    if "file" in entry:
+        path = base_dir / entry["file"]
+        check(path.is_file(), f"{where}.file", str(path), "no such file")
+        try:
+            fields = dict(tomllib.loads(path.read_text()).get("kernel", {}))
+        except tomllib.TOMLDecodeError as exc:
+            raise JaxschedError(str(path), "malformed TOML", str(exc)) from None
+    fields.update({k: v for k, v in entry.items() if k != "file"})
+    fields.setdefault("name", f"kernel{i}")
+    return kernel_from_dict(fields, where)
+
+
+def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> DispatchSpec:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise JaxschedError(source, "malformed TOML", str(exc)) from None
+    for key in doc:
+        check(key in _TOP, f"{source}: {key}", doc[key], f"unknown key; expected one of {_TOP}")
+    arch_spec = str(doc.get("arch", "h200"))
+    arch = archio.load(base_dir / arch_spec) if arch_spec.endswith(".toml") else presets.get(arch_spec)
+    warp = doc.get("warp_policy", "gto")
+    check(warp in WARP_POLICIES, f"{source}: warp_policy", warp, f"one of {WARP_POLICIES}")
+    families = tuple(doc.get("families", list(ENGINE_FAMILIES)))
+    check(len(families) >= 1, f"{source}: families", families, "at least one family")
+    for fam in families:
+        check(fam in ENGINE_FAMILIES, f"{source}: families", fam,
+              f"each one of {ENGINE_FAMILIES} (the families the exact engine can run)")
+    kernels = doc.get("kernels", [])
+    check(isinstance(kernels, list) and len(kernels) >= 1, f"{source}: kernels", kernels,
+          "at least one [[kernels]] table")
+    kernels = tuple(_kernel(k, base_dir, source, i) for i, k in enumerate(kernels))
+    names = [k.name for k in kernels]
+    check(len(set(names)) == len(names), f"{source}: kernels", names, "distinct kernel names")
+    clk = _table(doc, "clocks", _CLOCKS, source)
+    check(clk["model"] in ("gaussian", "variation"), f"{source}: clocks.model", clk["model"],
+          "gaussian or variation")
+    for key in ("train_maps", "test_maps"):
+        check(isinstance(clk[key], int) and 1 <= clk[key] <= 4096, f"{source}: clocks.{key}", clk[key],
+              "an integer in 1 .. 4096")
+    check(0 <= float(clk["sigma"]) < 1, f"{source}: clocks.sigma", clk["sigma"], "in [0, 1)")
+    if clk["corr_length_mm"] is None:
+        from ..freqmap import default_corr_length_mm
+
+        clk["corr_length_mm"] = float(default_corr_length_mm(arch))
+    fit = _table(doc, "fit", _FIT, source)
+    check(isinstance(fit["steps"], int) and fit["steps"] >= 1, f"{source}: fit.steps", fit["steps"], "an integer >= 1")
+    check(float(fit["learning_rate"]) > 0, f"{source}: fit.learning_rate", fit["learning_rate"], "> 0")
+    check(float(fit["temperature"]) > 0, f"{source}: fit.temperature", fit["temperature"], "> 0")
+    check(isinstance(fit["per_chip"], bool), f"{source}: fit.per_chip", fit["per_chip"], "true or false")
+    return DispatchSpec(title=str(doc.get("title", source)), text=text, arch=arch, warp_policy=warp,
+                        seed=int(doc.get("seed", 0)), families=families, kernels=kernels, clocks=clk, fit=fit)
+
+
+def load(path: str | Path) -> DispatchSpec:
+    p = Path(path)
+    check(p.is_file(), "dispatch spec", str(p), "no such file")
+    return loads(p.read_text(), base_dir=p.parent, source=str(p))
+
+
+# ----------------------------------------------------------------------------- problem
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """Per kernel: the surrogate's work, the fluid bound's slot work and the SM-attributed work
+    (a tighter fluid bound); per map: the clocks."""
+
+    works: tuple[bounds.Work, ...]
+    works_bound: tuple[bounds.Work, ...]
+    works_sm: tuple[bounds.Work, ...]
+    train_clocks: tuple[clocks.Clocks, ...]
+    test_clocks: tuple[clocks.Clocks, ...]
+
+
+def prepare(spec: DispatchSpec) -> Prepared:
+    """Measure every kernel's work (two exact uniform-chip runs each) and draw the clock maps."""
+    works, works_bound, works_sm = [], [], []
+    for kernel in spec.kernels:
+        runs = uniform_runs(spec.arch, kernel, spec.warp_policy)
+        works.append(work_from_runs(*runs))
+        works_bound.append(bounds.work_from_uniform(*runs))
+        works_sm.append(bounds.work_from_uniform(*runs, attribution="sm"))
+    draw = lambda n, test: tuple(clock_map(spec.arch, spec.clocks, spec.map_seed(i, test)) for i in range(n))
+    return Prepared(tuple(works), tuple(works_bound), tuple(works_sm), draw(spec.clocks["train_maps"], False),
+                    draw(spec.clocks["test_maps"], True))
+
+
+def _mhz(clk: clocks.Clocks) -> np.ndarray:
+    return np.asarray(clk.sm_freq_mhz, np.float32)
+
+
+def problem(spec: DispatchSpec, prep: Prepared) -> tuple[df.Problem, int]:
+    """The training configurations (train maps x kernels, map-major) and the slot width."""
+    launches, fluid, group = [], [], []
+    for i, clk in enumerate(prep.train_clocks):
+        for kernel, work, work_bound in zip(spec.kernels, prep.works, prep.works_bound):
+            launches.append(make_launch(spec.arch, kernel, _mhz(clk), work))
+            fluid.append(float(bounds.fluid_ns(work_bound, jnp.asarray(_mhz(clk)))))
+            group.append(i)
+    stacked = stack_launches(launches)
+    return (df.Problem(launch=stacked, fluid_ns=jnp.asarray(fluid, jnp.float32), group=jnp.asarray(group, jnp.int32)),
+            stacked.work.slots_per_sm)
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+REFERENCE_POLICIES = ("hardware", "weighted_clocks", "closed_loop_default")
+
+
+def _reference_inputs(label: str) -> dict:
+    return {"hardware": {"dispatch": "hardware"}, "weighted_clocks": {"dispatch": "weighted"},
+            "closed_loop_default": {"dispatch": "closed_loop"}}[label]
+
+
+def _surrogate_params(label: str, fits: dict[str, df.FitResult], group: int, launch, arch: Arch):
+    """(policy, DispatchParams) of a reference or learned policy in the surrogate."""
+    if label in REFERENCE_POLICIES:
+        policy = _reference_inputs(label)["dispatch"]
+        return policy, dispatch_params(arch, np.asarray(launch.sm_freq_mhz))
+    family = label.removesuffix("_fit")
+    theta = {k: jnp.asarray(v[group]) for k, v in fits[family].theta.items()}
+    return df.ENGINE_POLICY[family], df.params_for(family, theta, launch)
+
+
+def evaluate(spec: DispatchSpec, prep: Prepared, fits: dict[str, df.FitResult], max_slots: int,
+             progress: Callable[[str], None] | None = None) -> xr.Dataset:
+    """Every policy (reference and learned) in the exact engine on the evaluation maps (the test
+    maps; with `per_chip`, each training chip under its own fit), with the bounds, the makespan
+    of a uniform chip at the map's mean clock and the hard surrogate's prediction."""
+    per_chip = bool(spec.fit["per_chip"])
+    maps = prep.train_clocks if per_chip else prep.test_clocks
+    labels = list(REFERENCE_POLICIES) + [f"{fam}_fit" for fam in fits]
+    n_k, n_m, n_p = len(spec.kernels), len(maps), len(labels)
+    shape = (n_k, n_m, n_p)
+    makespan, predicted = np.full(shape, np.nan), np.full(shape, np.nan)
+    fluid, fluid_sm, clair, uniform_eq = (np.full((n_k, n_m), np.nan) for _ in range(4))
+    wp = WARP_POLICIES.index(spec.warp_policy)
+    for ki, (kernel, work, work_bound, work_sm) in enumerate(zip(spec.kernels, prep.works, prep.works_bound,
+                                                                  prep.works_sm)):
+        if progress:
+            progress(f"exact engine: {kernel.name}, {n_m} maps x {n_p} policies + uniform-equivalent chips")
+        configs, kwargs = [], []
+        for mi, clk in enumerate(maps):
+            launch = make_launch(spec.arch, kernel, _mhz(clk), work)
+            d = float(df.mean_occupancy_ns(launch))
+            ref = bounds.bounds(work_bound, jnp.asarray(_mhz(clk)))
+            fluid[ki, mi], clair[ki, mi] = float(ref.fluid_ns), float(ref.clairvoyant_ns)
+            fluid_sm[ki, mi] = float(bounds.fluid_ns(work_sm, jnp.asarray(_mhz(clk))))
+            for pi, label in enumerate(labels):
+                if label in REFERENCE_POLICIES:
+                    kw = _reference_inputs(label)
+                else:
+                    fam = label.removesuffix("_fit")
+                    theta = {k: float(v[mi if per_chip else 0]) for k, v in fits[fam].theta.items()}
+                    kw = df.engine_inputs(fam, theta, spec.arch, _mhz(clk), d)
+                configs.append((clk, kw))
+                kwargs.append((mi, pi))
+                policy, params = _surrogate_params(label, fits, mi if per_chip else 0, launch, spec.arch)
+                predicted[ki, mi, pi] = float(schedule(launch, params, 0.0, policy=policy, mode="hard",
+                                                       max_slots=max_slots).makespan_ns)
+            mean_mhz = float(np.mean(_mhz(clk)[np.asarray(spec.arch.sm_enabled)]))
+            configs.append((clocks.uniform(spec.arch, round(mean_mhz) / 1000.0), {"dispatch": "hardware"}))
+            kwargs.append((mi, -1))
+        n = len(configs)
+        result = simulate_batch(
+            [spec.arch] * n, [kernel] * n, [c for c, _ in configs], [wp] * n,
+            [DISPATCH_POLICIES.index(kw["dispatch"]) for _, kw in configs], [0] * n,
+            dispatch_weight=[kw.get("dispatch_weight") for _, kw in configs],
+            ema_alpha=np.asarray([kw.get("ema_alpha", 0.25) for _, kw in configs]),
+            ema_prior_ns=np.asarray([kw.get("ema_prior_ns", 0.0) for _, kw in configs]))
+        for (mi, pi), value in zip(kwargs, np.asarray(result.makespan_ns)):
+            if pi < 0:
+                uniform_eq[ki, mi] = value
+            else:
+                makespan[ki, mi, pi] = value
+    dims3, dims2 = ("kernel", "map", "policy"), ("kernel", "map")
+    ns = lambda a, long_name: (a, {"long_name": long_name, "units": "ns"})
+    ds = xr.Dataset(
+        {
+            "makespan_ns": (dims3, *ns(makespan, "exact-engine makespan")),
+            "surrogate_ns": (dims3, *ns(predicted, "hard surrogate's makespan")),
+            "fluid_ns": (dims2, *ns(fluid, "fluid lower bound (slot work, bounds.fluid_ns)")),
+            "fluid_sm_ns": (dims2, *ns(fluid_sm, "fluid bound on SM-attributed work (tighter, not strict)")),
+            "clairvoyant_ns": (dims2, *ns(clair, "clairvoyant earliest-finish schedule (slot work)")),
+            "uniform_equivalent_ns": (dims2, *ns(uniform_eq, "exact engine on a uniform chip at the map's mean clock")),
+        },
+        coords={"kernel": [k.name for k in spec.kernels],
+                "map": [spec.map_seed(i, not per_chip) for i in range(n_m)], "policy": labels},
+    )
+    ds["gap_fluid"] = ds.makespan_ns / ds.fluid_ns - 1.0
+    ds["gap_fluid"].attrs = {"long_name": "makespan / fluid bound - 1", "units": "1"}
+    ds["gap_uniform"] = ds.makespan_ns / ds.uniform_equivalent_ns - 1.0
+    ds["gap_uniform"].attrs = {"long_name": "makespan / uniform-equivalent makespan - 1", "units": "1"}
+    return ds
+
+
+def fit_dataset(spec: DispatchSpec, fits: dict[str, df.FitResult], evaluation: xr.Dataset) -> xr.Dataset:
+    """Loss curves and learned parameters, merged with the evaluation."""
+    n_groups = max(r.loss.shape[1] for r in fits.values())
+    steps = max(r.loss.shape[0] for r in fits.values())
+    loss = np.full((len(fits), steps, n_groups), np.nan)
+    data = {}
+    for i, (fam, r) in enumerate(fits.items()):
+        loss[i, : r.loss.shape[0], : r.loss.shape[1]] = r.loss
+        for name, value in r.theta.items():
+            data[f"{fam}_{name}"] = ("chip", np.pad(value, (0, n_groups - len(value)), constant_values=np.nan),
+                                     {"long_name": f"learned {name} of the {fam} family"})
+    data["loss"] = (("family", "step", "chip"), loss,
+                    {"long_name": "mean surrogate makespan / fluid bound (soft)", "units": "1"})
+    ds = xr.Dataset(data, coords={"family": list(fits), "step": np.arange(steps), "chip": np.arange(n_groups)})
+    out = xr.merge([ds, evaluation])
+    out.attrs = {"title": spec.title, "arch": spec.arch.name, "warp_policy": spec.warp_policy,
+                 "temperature": float(spec.fit["temperature"]), "steps": int(spec.fit["steps"]),
+                 "learning_rate": float(spec.fit["learning_rate"]), "per_chip": int(spec.fit["per_chip"]),
+                 "spec": spec.text}
+    return out
+
+
+def run(spec: DispatchSpec, progress: Callable[[str], None] | None = None) -> xr.Dataset:
+    """Prepare, fit every family, evaluate: the whole `fit dispatch`."""
+    say = progress or (lambda message: None)
+    say(f"measuring work: {len(spec.kernels)} kernel(s), two uniform-chip runs each")
+    prep = prepare(spec)
+    prob, max_slots = problem(spec, prep)
+    fits = {}
+    for fam in spec.families:
+        say(f"fitting {fam}: {int(prob.fluid_ns.shape[0])} configurations, {spec.fit['steps']} steps")
+        fits[fam] = df.fit(prob, fam, steps=spec.fit["steps"], learning_rate=float(spec.fit["learning_rate"]),
+                           temperature=float(spec.fit["temperature"]), max_slots=max_slots,
+                           per_chip=bool(spec.fit["per_chip"]),
+                           progress=lambda i, n, v, fam=fam: say(f"  {fam} step {i}/{n}: loss {v:.4f}")
+                           if i == 1 or i == n or i % 10 == 0 else None)
+    return fit_dataset(spec, fits, evaluate(spec, prep, fits, max_slots, say))

@@ -1,0 +1,139 @@
+"""What the surrogate runs on: per-CTA work measured by the exact engine, per-SM clocks and the
+dispatcher's SM order, from the same architecture, kernel, clocks and policy inputs.
+
+The work model is the one `jaxsched.bounds` defines: CTA `c` occupies a CTA slot of SM `s`
+for `cycles_c * 1000 / f_s + ns_c` ns, both parts measured per CTA on a uniform chip at two
+clocks (`measure_work`; `ns` may be negative here, see `work_from_runs`). The measured
+occupancies carry the warp scheduler's effect on each CTA (GTO finishes co-resident CTAs
+staggered), which is what lets a slot-level model track the cycle-level engine
+(docs/surrogate.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Bool, Float, Int
+
+from .. import clocks as clocks_mod
+from ..arch import Arch
+from ..bounds import Work, work_from_uniform
+from ..engine.run import Result, simulate_batch
+from ..errors import check
+from ..kernel import Kernel
+from ..lower import DISPATCH_POLICIES, WARP_POLICIES, lower, policy_index
+from ..occupancy import occupancy
+
+WORK_CLOCKS = (1.0, 0.7)  # the two uniform clocks of `measure_work`, as fractions of boost
+
+
+class SurrogateLaunch(eqx.Module):
+    """One configuration for the surrogate (a leading batch axis on every leaf for vmap)."""
+
+    work: Work
+    sm_freq_mhz: Float[Array, "*b sm"]  # differentiable; 0 on floorswept SMs
+    sm_enabled: Bool[Array, "*b sm"]
+    dispatch_rank: Float[Array, "*b sm"]  # position in the rotated hardware order, 0 = first
+    ctas_per_sm: Int[Array, "*b"]
+    cta_launch_ns: Float[Array, "*b"]  # a freed slot starts its next CTA this much later
+
+
+class DispatchParams(eqx.Module):
+    """Tunable dispatch numbers (all differentiable): `weighted` scores `weight / (resident + 1)`
+    (only ratios matter); `closed_loop` smooths with `ema_alpha` from `ema_prior_ns`, which may
+    differ per SM (the engine takes one value for every SM)."""
+
+    weight: Float[Array, "*b sm"]
+    ema_alpha: Float[Array, "*b"]
+    ema_prior_ns: Float[Array, "*b sm"]
+
+
+def uniform_runs(arch: Arch, kernel: Kernel, warp_policy: str = "gto", dispatch_start: int = 0) -> tuple[Result, Result]:
+    """Two exact runs of `kernel` on a uniform chip, at boost and 0.7 x boost (the range of the
+    clock maps studied), in one batched call: what the work models split into clock-scaled
+    cycles and fixed nanoseconds."""
+    boost = float(arch.boost_clock_ghz)
+    clks = [clocks_mod.uniform(arch, boost * k) for k in WORK_CLOCKS]
+    wp = policy_index(warp_policy, WARP_POLICIES, "warp_policy")
+    both = simulate_batch([arch, arch], [kernel, kernel], clks, [wp, wp],
+                          [DISPATCH_POLICIES.index("hardware")] * 2, [dispatch_start] * 2)
+    first, second = (jax.tree.map(lambda x, i=i: x[i], both) for i in (0, 1))
+    return first, second
+
+
+def work_from_runs(run_a: Result, run_b: Result) -> Work:
+    """The surrogate's work model from two uniform runs at different clocks: per CTA, the slot
+    occupancy `d = cycles * 1000 / f + ns` through both measurements (`bounds.work_from_uniform`
+    with slot attribution and a per-CTA split, except that `ns` may be negative).
+
+    A freed slot idles for the launch latency while its SM's other CTAs run faster; the faster
+    the clock, the larger that idle share and the shorter each CTA's occupancy, so occupancy
+    grows faster than `1 / f`: a negative `ns` (about -0.7 x the latency measured on the H200
+    preset). The fluid bound clips it at 0, which keeps the bound a bound; the surrogate keeps
+    it, which halves its error on unequal clocks (docs/surrogate.md).
+    """
+    clipped = work_from_uniform(run_a, run_b)  # validates the runs, gives the mask and slots
+    f_a, f_b = float(run_a.tick_mhz), float(run_b.tick_mhz)
+    d_a, d_b = ((np.asarray(r.cta_end_tick, np.float64) - np.asarray(r.cta_start_tick, np.float64)) * 1000.0 / f
+                for r, f in ((run_a, f_a), (run_b, f_b)))
+    cycles = (d_a - d_b) / (1000.0 / f_a - 1000.0 / f_b)
+    valid = np.asarray(clipped.valid)
+    as_f32 = lambda x: jnp.asarray(np.where(valid, x, 0.0), jnp.float32)
+    return Work(cycles=as_f32(cycles), ns=as_f32(d_a - cycles * 1000.0 / f_a), valid=clipped.valid,
+                slots_per_sm=clipped.slots_per_sm)
+
+
+def measure_work(arch: Arch, kernel: Kernel, warp_policy: str = "gto", dispatch_start: int = 0) -> Work:
+    """Per-CTA slot work of `kernel` for the surrogate (`work_from_runs` of `uniform_runs`)."""
+    return work_from_runs(*uniform_runs(arch, kernel, warp_policy, dispatch_start))
+
+
+def stack_launches(launches: Sequence[SurrogateLaunch]) -> SurrogateLaunch:
+    """Stack launches of one chip size for `vmap`, padding shorter grids with invalid CTAs (the
+    slot array is as wide as the largest occupancy; `ctas_per_sm` stays per launch)."""
+    grid = max(int(x.work.valid.shape[-1]) for x in launches)
+    slots = max(x.work.slots_per_sm for x in launches)
+    pad = lambda x: jnp.pad(x, (0, grid - x.shape[-1]))
+    padded = [dataclasses.replace(x, work=Work(cycles=pad(x.work.cycles), ns=pad(x.work.ns), valid=pad(x.work.valid),
+                                               slots_per_sm=slots)) for x in launches]
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *padded)
+
+
+def make_launch(arch: Arch, kernel: Kernel, sm_freq_mhz: ArrayLike, work: Work,
+                dispatch_start: int = 0) -> SurrogateLaunch:
+    """The surrogate's view of one launch (clocks as a float array, one per SM slot)."""
+    f = np.asarray(sm_freq_mhz, np.float32)
+    check(f.shape == (arch.n_sm_slots,), "sm_freq_mhz", f"shape {f.shape}", f"({arch.n_sm_slots},)")
+    enabled = np.asarray(arch.sm_enabled)
+    check(bool(np.all(f[enabled] > 0)), "sm_freq_mhz", float(f[enabled].min()), "> 0 on every enabled SM")
+    check(int(np.sum(np.asarray(work.valid))) == int(kernel.grid_ctas), "work",
+          f"{int(np.sum(np.asarray(work.valid)))} CTAs", f"the kernel's grid ({int(kernel.grid_ctas)})")
+    launch = lower(arch, kernel, clocks_mod.uniform(arch), 0, 0, dispatch_start)
+    occ = occupancy(arch, kernel.threads_per_cta, kernel.regs_per_thread, kernel.dynamic_smem_bytes,
+                    kernel.static_smem_bytes)
+    return SurrogateLaunch(
+        work=work,
+        sm_freq_mhz=jnp.asarray(np.where(enabled, f, 0.0)),
+        sm_enabled=jnp.asarray(enabled),
+        dispatch_rank=jnp.asarray(np.asarray(launch.dispatch_rank), jnp.float32),
+        ctas_per_sm=jnp.asarray(int(occ.blocks_per_sm), jnp.int32),
+        cta_launch_ns=jnp.asarray(arch.cta_launch_ns, jnp.float32),
+    )
+
+
+def dispatch_params(arch: Arch, sm_freq_mhz: ArrayLike, dispatch_weight: ArrayLike | None = None,
+                    ema_alpha: float = 0.25, ema_prior_ns: ArrayLike = 0.0) -> DispatchParams:
+    """The engine's dispatch inputs as surrogate parameters (weights default to the clocks)."""
+    f = np.asarray(sm_freq_mhz, np.float32)
+    w = f if dispatch_weight is None else np.asarray(dispatch_weight, np.float32)
+    enabled = np.asarray(arch.sm_enabled)
+    return DispatchParams(
+        weight=jnp.asarray(np.where(enabled, np.maximum(w, 1.0), 1.0)),
+        ema_alpha=jnp.asarray(ema_alpha, jnp.float32),
+        ema_prior_ns=jnp.broadcast_to(jnp.asarray(ema_prior_ns, jnp.float32), f.shape),
+    )

@@ -1,0 +1,278 @@
+"""The differentiable surrogate: CTA-level list scheduling with relaxed decisions.
+
+The exact engine is a cycle-level simulation whose decisions (which SM takes a CTA, when a slot
+frees, whether the closed-loop dispatcher holds) are discrete, so its makespan is piecewise
+constant in the dispatch parameters. The surrogate keeps the engine's structure one level up:
+
+- **Slots.** SM `s` has `ctas_per_sm` CTA slots. CTA `c` occupies a slot for
+  `cycles_c * 1000 / f_s + ns_c` ns (`launch.measure_work`: per-CTA occupancy measured by the
+  engine on a uniform chip, so the warp scheduler's staggering is inside the work model); a freed
+  slot can start its next CTA `cta_launch_ns` later (the launch path's latency).
+- **Dispatch in grid order.** CTA `c` is dispatched at the first time `t` a slot is usable (not
+  before CTA `c - 1`), to the SM the policy prefers among SMs with a usable slot, into that SM's
+  lowest usable slot: the engine's rule of docs/model.md section 9 at CTA granularity ("room"
+  counts usable slots, "resident" running CTAs).
+- **Policies.** `hardware` (most free slots, ties by rank), `least_loaded` (at slot level the
+  same as `hardware`: a slot model does not see partly finished CTAs), `round_robin` (pointer
+  kept hard: it has no parameter), `weighted` (`weight / (resident + 1)`), `closed_loop` (EMA of
+  observed slot occupancies per SM in order of completion, censored by the oldest running CTA,
+  earliest expected finish, and the tail *hold*: when the CTAs left are no more than the
+  occupied slots expected to finish a CTA clearly earlier, the CTA waits for the first of them).
+
+Relaxation at temperature `T` (dimensionless; scores are in slots, log-weights or CTA
+occupancies `d`, the mean occupancy at the mean clock):
+- **Decisions are soft.** The SM is `softmax(score / T)` over the SMs with a free slot. The
+  closed-loop hold compares expected finishes: an occupied slot counts as "better" with weight
+  `sigmoid(margin / (T d))`, the CTA holds with probability `sigmoid((better - left + 1/2) / T)`,
+  and the slot it waits for is a softmin of free times at `T d`. A CTA spread over several slots
+  updates each in proportion (mean field): free times, start times and EMA estimates become
+  expectations; the work placed is conserved. Choices below `DUST` (1 %) of the likeliest one are
+  dropped (faded out continuously between 1 and 2 %) and the rest renormalised: a sliver of a
+  CTA would make a free slot look busy.
+- **Events stay exact.** "Slot usable at `t`", "CTA still running" and "completion seen by the
+  EMA" are exact 0/1 with no gradient of their own: their timing carries the gradient (the
+  dispatch time `t` is an exact `min` of usable times, piecewise linear). Softening them would let a CTA start at `t` in a slot
+  busy until later, an error that does not vanish as `T -> 0` (busy time and score gaps both
+  scale as `1/T`). So the surrogate is piecewise smooth: smooth in the parameters between the
+  instants where two events swap order; `jax.grad` is the derivative of the piece.
+- **Makespan:** `T d logsumexp(end_ns / (T d))` over the slots (at most `T d log(slots)` above
+  the max).
+Mode `hard` is the `T -> 0` limit (exact decisions, no relaxation); `straight_through` runs the
+hard forward pass with the soft pass's gradients.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, Int
+
+from ..errors import check
+from ..lower import DISPATCH_POLICIES
+from .launch import DispatchParams, SurrogateLaunch
+
+MODES = ("soft", "hard", "straight_through")
+HOLD_MARGIN = 8  # the engine's 1/8 margin: a held CTA must finish e/8 earlier elsewhere
+DUST = 1e-2  # soft choices below this fraction of the likeliest are dropped (the rest renormalised)
+_BIG_NS = 1e12
+_TIE_ROOM = 1e-2  # closed loop: most room breaks near-ties of expected finish (units of d)
+_TIE_RANK = 1e-2  # weighted and closed loop: the rotated hardware order breaks remaining ties
+
+
+class Schedule(eqx.Module):
+    """The surrogate's schedule: makespan and per-CTA expectations (mean field in soft mode)."""
+
+    makespan_ns: Float[Array, "*b"]
+    cta_start_ns: Float[Array, "*b grid"]
+    cta_end_ns: Float[Array, "*b grid"]
+    cta_sm: Int[Array, "*b grid"]  # the most likely SM
+    slot_end_ns: Float[Array, "*b sm slot"]  # when each slot's last CTA ended
+
+
+class _State(NamedTuple):
+    end_ns: Float[Array, "sm slot"]  # when the slot's CTA ends (0: never used)
+    usable_ns: Float[Array, "sm slot"]  # when the slot can start a CTA: end + launch latency
+    start_ns: Float[Array, "sm slot"]  # when its CTA started
+    counted: Float[Array, "sm slot"]  # the EMA has seen that CTA's completion (1 if no CTA)
+    used: Float[Array, "sm slot"]  # the slot has had a CTA
+    est_ns: Float[Array, " sm"]  # closed-loop estimate of a CTA's occupancy
+    t_ns: Float[Array, ""]  # when the previous CTA was placed
+    pointer: Int[Array, ""]  # round robin
+
+
+@dataclasses.dataclass(frozen=True)
+class _Relax:
+    """The relaxed primitives of one mode (static) and temperature (traced)."""
+
+    mode: str
+    tau_time: Array  # ns
+    tau_score: Array  # score units
+
+    def _mix(self, hard: Array, soft_fn) -> Array:
+        if self.mode == "hard":
+            return hard
+        soft = soft_fn()
+        return soft if self.mode == "soft" else hard + soft - jax.lax.stop_gradient(soft)
+
+    def gate(self, x: Array) -> Array:
+        """Exact `x >= 0`: an event (a slot frees, a finish is earlier) is discrete in every mode;
+        its timing carries the gradient (see the module docstring)."""
+        return jax.lax.stop_gradient((x >= 0).astype(x.dtype))
+
+    def step(self, x: Array, tau: Array) -> Array:
+        """The decision `x >= 0`, relaxed to `sigmoid(x / tau)` (within `DUST` of 0 or 1: exact)."""
+
+        def soft() -> Array:  # [DUST, 1 - DUST] stretched onto [0, 1]: exact near 0 and 1, continuous
+            return jnp.clip((jax.nn.sigmoid(x / tau) - DUST) / (1.0 - 2.0 * DUST), 0.0, 1.0)
+
+        return self._mix((x >= 0).astype(x.dtype), soft)
+
+    def choose(self, score: Array, allowed: Array, tau: Array) -> Array:
+        """Weights over entries with `allowed` (exact 0/1 forward): one-hot at the best `score`,
+        relaxed to `allowed * exp(score / tau)`, normalised."""
+        flat_s, flat_a = score.ravel(), allowed.ravel()
+        best = jnp.max(jnp.where(flat_a > 0.5, flat_s, -jnp.inf))
+        hard = jax.nn.one_hot(jnp.argmax(jnp.where(flat_a > 0.5, flat_s, -jnp.inf)), flat_s.size, dtype=score.dtype)
+
+        def soft() -> Array:
+            z = flat_a * jnp.exp(jnp.minimum((flat_s - jnp.where(jnp.isfinite(best), best, 0.0)) / tau, 0.0))
+            total = jnp.sum(z)
+            some = total > 1e-20  # nothing allowed: no weight anywhere (and no 0/0 in the gradient)
+            z = jnp.where(some, z / jnp.where(some, total, 1.0), 0.0)
+            # dust would make a free slot look busy: fade out below 2 DUST of the likeliest, gone
+            # below DUST (continuous, so the surrogate stays continuous in the parameters)
+            z = z * jnp.clip(z / (DUST * jnp.max(z)) - 1.0, 0.0, 1.0)
+            kept = jnp.sum(z)
+            return jnp.where(kept > 0, z / jnp.where(kept > 0, kept, 1.0), 0.0)
+
+        return self._mix(hard, soft).reshape(score.shape)
+
+    def max(self, x: Array, mask: Array) -> Array:
+        hard = jnp.max(jnp.where(mask, x, -_BIG_NS))
+        return self._mix(hard, lambda: self.tau_time * jax.nn.logsumexp(jnp.where(mask, x / self.tau_time, -_BIG_NS)))
+
+
+def _first(free: Float[Array, "sm slot"]) -> Float[Array, "sm slot"]:
+    """One-hot at each row's lowest free slot (0/1 inputs)."""
+    before = jnp.cumprod(1.0 - free, axis=1)
+    return free * jnp.concatenate([jnp.ones_like(before[:, :1]), before[:, :-1]], axis=1)
+
+
+def _scores(policy: str, launch: SurrogateLaunch, params: DispatchParams, room: Array, resident: Array,
+            pointer: Array, est: Array, t: Array, scale_ns: Array) -> Array:
+    """Higher is preferred; units make T = 1 a strong smoothing (slots, log-weights, CTA times).
+    `room`: usable free slots; `resident`: CTAs running (docs/model.md section 9)."""
+    n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled), 1)
+    rank = launch.dispatch_rank / n_enabled  # in [0, 1)
+    if policy in ("hardware", "least_loaded"):
+        return room - rank  # the rank term (< 1) only breaks ties of room
+    if policy == "round_robin":
+        return -jnp.mod(launch.dispatch_rank - pointer, n_enabled)
+    if policy == "weighted":
+        return jnp.log(params.weight) - jnp.log(resident + 1.0) - _TIE_RANK * rank
+    return -(t + est) / scale_ns + _TIE_ROOM * room - _TIE_RANK * rank  # closed_loop
+
+
+def _ema(state: _State, relax: _Relax, usable: Array, t: Array, alpha: Array) -> tuple[Array, Array]:
+    """Feed the EMA every completion up to `t`, per SM in order of completion (docs/model.md 9).
+
+    `m` updates `e += alpha (d_i - e)` in order equal `(1 - alpha)^m e + sum_i alpha (1 -
+    alpha)^(m - 1 - i) d_i`, with `i` a completion's position among the SM's new ones.
+    """
+    a = state.end_ns
+    done = usable * state.used * (1.0 - state.counted) * relax.gate(t - a)  # exact 0/1
+    n_slot = a.shape[1]
+    index = jnp.arange(n_slot)
+    earlier = (a[:, None, :] < a[:, :, None]) | ((a[:, None, :] == a[:, :, None]) & (index[None, :] < index[:, None]))
+    position = jnp.sum(done[:, None, :] * earlier, axis=2)  # new completions before each slot's
+    m = jnp.sum(done, axis=1)
+    log_keep = jnp.log1p(-jnp.minimum(alpha, 1.0 - 1e-7))
+    decay = jnp.exp(m * log_keep)
+    weight = jnp.where(done > 0, alpha * jnp.exp(jnp.maximum(m[:, None] - 1.0 - position, 0.0) * log_keep), 0.0)
+    est = decay * state.est_ns + jnp.sum(weight * (a - state.start_ns), axis=1)
+    return est, state.counted + done
+
+
+def _step(state: _State, cta, *, launch: SurrogateLaunch, params: DispatchParams, relax: _Relax, policy: str,
+          scale_ns: Array):
+    cycles, ns, valid, left = cta
+    n_slot = state.end_ns.shape[1]
+    f = launch.sm_freq_mhz
+    usable = (launch.sm_enabled[:, None] & (jnp.arange(n_slot)[None, :] < launch.ctas_per_sm)).astype(f.dtype)
+    duration = cycles * 1000.0 / jnp.where(f > 0, f, 1.0) + ns  # [sm]
+    a = state.usable_ns
+    t = jnp.maximum(state.t_ns, jnp.min(jnp.where(usable > 0, a, _BIG_NS)))
+    free = usable * relax.gate(t - a)  # free and past the launch latency: can start a CTA now
+    occupied = usable * state.used * (1.0 - relax.gate(t - state.end_ns))  # a CTA still running
+    room = jnp.sum(free, axis=1)
+
+    est, counted = state.est_ns, state.counted
+    if policy == "closed_loop":
+        est, counted = _ema(state, relax, usable, t, params.ema_alpha)
+        est = jnp.maximum(est, jnp.max(occupied * (t - state.start_ns), axis=1))  # censored
+    score = _scores(policy, launch, params, room, jnp.sum(occupied, axis=1), state.pointer, est, t, scale_ns)
+    p = relax.choose(score, jnp.minimum(room, 1.0), relax.tau_score)  # [sm]
+    q = _first(free)  # [sm, slot]
+
+    if policy == "closed_loop":
+        e_cand = jnp.sum(p * est)
+        finish = jnp.maximum(t, state.start_ns + est[:, None]) + est[:, None]
+        # strictly earlier: finish + e/8 < t + e (the 1e-3 ns keeps exact equality out)
+        better = occupied * relax.step(t + e_cand - e_cand / HOLD_MARGIN - finish - 1e-3, relax.tau_time)
+        n_better = jnp.sum(better)
+        hold = valid * jnp.minimum(n_better, 1.0) * relax.step(n_better - left + 0.5, relax.tau_score)
+        r = relax.choose(t - a, better, relax.tau_time)
+    else:
+        hold, r = jnp.zeros((), f.dtype), jnp.zeros_like(a)
+    u = valid * (1.0 - hold) * p[:, None] * q  # placed now, at t
+    v = valid * hold * r  # held for a better slot, placed when it frees
+    later = jnp.maximum(t, a)
+    keep = 1.0 - u - v
+    if policy == "closed_loop":  # a held CTA's slot reports its occupant's completion first
+        est = est + params.ema_alpha * jnp.sum(v * (1.0 - counted) * (state.end_ns - state.start_ns - est[:, None]),
+                                               axis=1)
+    placed_at = (1.0 - hold) * t + hold * jnp.sum(r * later)
+    n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled), 1)
+    ends = u * (t + duration[:, None]) + v * (later + duration[:, None])
+    new = _State(
+        end_ns=keep * state.end_ns + ends,
+        usable_ns=keep * a + ends + (u + v) * launch.cta_launch_ns,
+        start_ns=keep * state.start_ns + u * t + v * later,
+        counted=keep * counted,
+        used=keep * state.used + u + v,
+        est_ns=est if policy == "closed_loop" else state.est_ns,
+        t_ns=jnp.where(valid > 0, placed_at, state.t_ns),
+        pointer=jnp.where(valid > 0, (launch.dispatch_rank[jnp.argmax(p)].astype(jnp.int32) + 1) % n_enabled,
+                          state.pointer).astype(jnp.int32),
+    )
+    return new, (placed_at, jnp.sum(ends), jnp.argmax(jnp.sum(u + v, axis=1)).astype(jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnames=("policy", "mode", "max_slots"))
+def schedule(
+    launch: SurrogateLaunch,
+    params: DispatchParams,
+    temperature: Float[Array, ""] | float,
+    *,
+    policy: str,
+    mode: str = "soft",
+    max_slots: int,
+) -> Schedule:
+    """Run the relaxed scheduler on one configuration (vmap over a batch axis for many).
+
+    `policy` one of `DISPATCH_POLICIES`; `mode` one of `MODES`; `max_slots` (static) at least
+    `launch.ctas_per_sm`: the slot array's width.
+    """
+    check(policy in DISPATCH_POLICIES, "policy", policy, f"one of {DISPATCH_POLICIES}")
+    check(mode in MODES, "mode", mode, f"one of {MODES}")
+    f = launch.sm_freq_mhz
+    dtype = f.dtype if jnp.issubdtype(f.dtype, jnp.floating) else jnp.float32
+    f = f.astype(dtype)
+    work = jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, launch.work)
+    enabled = launch.sm_enabled
+    mean_mhz = jnp.sum(jnp.where(enabled, f, 0.0)) / jnp.maximum(jnp.sum(enabled), 1)
+    n_valid = jnp.sum(work.valid)
+    scale_ns = jnp.sum(jnp.where(work.valid, work.cycles * 1000.0 / mean_mhz + work.ns, 0.0)) / jnp.maximum(n_valid, 1)
+    temperature = jnp.asarray(temperature, dtype)
+    relax = _Relax(mode=mode, tau_time=temperature * scale_ns, tau_score=temperature)
+    n_sm = f.shape[-1]
+    zeros = jnp.zeros((n_sm, max_slots), dtype)
+    start = _State(end_ns=zeros, usable_ns=zeros, start_ns=zeros, counted=jnp.ones_like(zeros), used=zeros,
+                   est_ns=jnp.broadcast_to(params.ema_prior_ns, (n_sm,)).astype(dtype),
+                   t_ns=jnp.zeros((), dtype), pointer=jnp.zeros((), jnp.int32))
+    params = jax.tree.map(lambda x: x.astype(dtype), params)
+    left = (n_valid - jnp.arange(work.valid.shape[-1])).astype(dtype)
+    step = jax.checkpoint(functools.partial(_step, launch=launch, params=params, relax=relax, policy=policy,
+                                            scale_ns=scale_ns))
+    xs = (work.cycles, work.ns, work.valid.astype(dtype), left)
+    final, (starts, ends, sms) = jax.lax.scan(step, start, xs)
+    usable = enabled[:, None] & (jnp.arange(max_slots)[None, :] < launch.ctas_per_sm)
+    last = relax.max(final.end_ns, usable & (final.used > 0))
+    launch_tick_ns = 1000.0 / jnp.max(f)  # dispatch at tick 0, first issue at tick 1 (model.md 2)
+    return Schedule(makespan_ns=last + launch_tick_ns, cta_start_ns=starts, cta_end_ns=ends + launch_tick_ns,
+                    cta_sm=jnp.where(work.valid, sms, -1), slot_end_ns=final.end_ns)

@@ -1,0 +1,187 @@
+"""The optax fits: per-SM clocks from traces (speeds), dispatch parameters through the surrogate
+(dispatch_fit, dispatch_spec), and `jaxsched fit` on the command line."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import xarray as xr
+from helpers import small_arch
+
+import jaxsched as js
+from jaxsched import archio, trace
+from jaxsched import surrogate as sg
+from jaxsched.cli import main
+from jaxsched.surrogate import dispatch_fit, dispatch_spec, speeds
+
+ARCH = small_arch(4)  # 8 SMs x 8 CTA slots
+PROGRAM = "loop 48\n fma dep\nend"
+KERNEL = js.make_kernel(PROGRAM, grid=256, threads=256, regs=32, name="fma4")  # 4 waves, compute-bound
+SEEDS = (11, 12)  # two chips: the same batch size as the references, one compilation
+
+
+@pytest.fixture(scope="module")
+def traces() -> list[xr.Dataset]:
+    """Exact-engine traces on two chips with 10 % Gaussian clock spread (one batched call)."""
+    clk = [js.clocks.gaussian(ARCH, s, 1.8, 0.1) for s in SEEDS]
+    n = len(clk)
+    batch = js.simulate_batch([ARCH] * n, [KERNEL] * n, clk, [1] * n, [0] * n, [0] * n)
+    return [trace.from_result(jax.tree.map(lambda x, i=i: x[i], batch), ARCH, KERNEL, c, program=PROGRAM)
+            for i, c in enumerate(clk)]
+
+
+@pytest.fixture(scope="module")
+def references() -> list[xr.Dataset]:
+    return speeds.reference_traces(ARCH, KERNEL, PROGRAM)
+
+
+def test_speed_fit_recovers_clocks_within_one_percent(traces, references):
+    ds = speeds.fit_traces(traces, references)
+    assert ds.attrs["mode"] == "reference" and ds.sizes["chip"] == 2
+    for c in range(2):
+        err = speeds.rms_relative_error(ds["sm_freq_mhz_fit"].values[c], ds["sm_freq_mhz_true"].values[c])
+        assert err < 0.01  # measured: 0.1-0.3 %
+    assert np.all(np.isfinite(ds["sm_freq_sd_mhz"].values[:, np.asarray(ARCH.sm_enabled)]))
+    assert np.isfinite(ds.attrs["rms_error_ema"])
+    loss = ds["loss"].values
+    assert np.all(loss[:, -1] <= loss[:, 0] + 1e-6)  # Adam ends no worse than the median start
+
+
+def test_one_vmapped_call_equals_fitting_each_chip_alone(traces, references):
+    batch = speeds.fit_traces(traces, references)
+    alone = speeds.fit_traces(traces[1:2], references)
+    np.testing.assert_allclose(batch["sm_freq_mhz_fit"].values[1], alone["sm_freq_mhz_fit"].values[0], rtol=1e-5)
+
+
+def test_relative_speeds_scale_to_the_given_mean(traces):
+    truth = traces[0]["sm_freq_mhz"].values
+    ds = speeds.fit_traces(traces[:1], mean_mhz=float(np.nanmean(truth)))
+    fit = ds["sm_freq_mhz_fit"].values[0]
+    assert np.nanmean(fit) == pytest.approx(np.nanmean(truth), rel=1e-5)
+    assert speeds.rms_relative_error(fit, truth) < 0.01
+
+
+def test_clock64_readings_give_the_clock_directly():
+    rng = np.random.default_rng(3)
+    mhz = rng.uniform(1200, 1980, 6)
+    sm = np.repeat(np.arange(6), 10)
+    start = rng.uniform(0, 1000, sm.size)
+    dur = rng.uniform(100, 900, sm.size)
+    cycles0 = rng.integers(0, 10**6, sm.size)
+    ds = trace.make(sm, start, start + dur, np.full(6, np.nan), source="probe", arch="x", kernel="k",
+                    threads_per_cta=64, ctas_per_sm=2, program="", cta_start_cycles=cycles0,
+                    cta_end_cycles=cycles0 + np.rint(dur * mhz[sm] / 1000.0).astype(np.int64))
+    fit = speeds.fit_traces([ds])
+    assert fit.attrs["mode"] == "clock64"
+    np.testing.assert_allclose(fit["sm_freq_mhz_fit"].values[0], mhz, rtol=2e-3)
+
+
+def test_speed_fit_refuses_what_it_cannot_scale(traces, references):
+    with pytest.raises(js.JaxschedError, match="mean_mhz"):
+        speeds.fit_traces(traces[:1])
+    other = traces[0].assign_attrs(program="loop 8\n fma dep\nend")
+    with pytest.raises(js.JaxschedError, match="one kernel"):
+        speeds.fit_traces([other], references)
+
+
+def test_fit_speeds_command(traces, references, tmp_path, capsys):
+    paths = [str(trace.save(t, tmp_path / f"chip{i}.nc")) for i, t in enumerate(traces)]
+    refs = [str(trace.save(r, tmp_path / f"ref{i}.nc")) for i, r in enumerate(references)]
+    assert main(["fit", "speeds", *paths, "--reference", *refs, "-o", str(tmp_path / "out"), "--steps", "50"]) == 0
+    ds = xr.open_dataset(tmp_path / "out" / "speeds.nc", engine="h5netcdf")
+    assert list(ds["chip"].values) == ["chip0", "chip1"] and ds.sizes["step"] == 50
+    assert (tmp_path / "out" / "speeds.png").stat().st_size > 10_000
+    assert "RMS error fit" in capsys.readouterr().out
+    assert main(["fit", "speeds", str(tmp_path / "none.nc"), "-o", str(tmp_path / "x")]) == 2
+    assert "no such file" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+
+# load imbalance (the closed loop's EMA then matters); KERNEL's shapes: the same compiled engine
+SPREAD = js.make_kernel("loop 48 cta_spread=12\n fma dep\nend", grid=256, threads=256, regs=32)
+
+
+@pytest.fixture(scope="module")
+def spread_work():
+    return sg.measure_work(ARCH, SPREAD)
+
+
+def _problem(work, seeds) -> dispatch_fit.Problem:
+    launches, fluid = [], []
+    for s in seeds:
+        mhz = np.asarray(js.clocks.gaussian(ARCH, s, 1.8, 0.15).sm_freq_mhz, np.float32)
+        launches.append(sg.make_launch(ARCH, SPREAD, mhz, work))
+        fluid.append(float(js.bounds.fluid_ns(work, mhz)))
+    return dispatch_fit.Problem(sg.launch.stack_launches(launches), jnp.asarray(fluid, jnp.float32),
+                                jnp.arange(len(seeds), dtype=jnp.int32))
+
+
+def test_per_chip_dispatch_fits_are_independent_fits_in_one_call(spread_work):
+    kw = dict(steps=3, learning_rate=0.1, temperature=0.05, max_slots=8, per_chip=True)
+    first = dispatch_fit.fit(_problem(spread_work, (0, 1)), "closed_loop", **kw)
+    second = dispatch_fit.fit(_problem(spread_work, (0, 2)), "closed_loop", **kw)
+    assert first.loss.shape == (3, 2) and first.theta["alpha_logit"].shape == (2,)
+    for name in first.theta:  # chip 0's fit does not depend on which chip it was batched with
+        assert first.theta[name][0] == pytest.approx(second.theta[name][0], rel=1e-5, abs=1e-6)
+    start = float(dispatch_fit.initial_theta("closed_loop")["alpha_logit"][0])
+    assert np.all(first.theta["alpha_logit"] != start) and first.theta["alpha_logit"][1] != second.theta["alpha_logit"][1]
+
+
+def test_engine_inputs_of_the_learned_families():
+    mhz = np.asarray(js.clocks.gaussian(ARCH, 0, 1.8, 0.1).sm_freq_mhz)
+    w = dispatch_fit.engine_inputs("weighted", {"gamma": 2.0}, ARCH, mhz, 500.0)["dispatch_weight"]
+    on = np.asarray(ARCH.sm_enabled)
+    ratio = mhz[on] / mhz[on].mean()
+    np.testing.assert_allclose(w[on], np.rint(1000 * ratio**2))
+    cl = dispatch_fit.engine_inputs("closed_loop", {"alpha_logit": 0.0, "log_prior": np.log(2.0)}, ARCH, mhz, 500.0)
+    assert cl == {"dispatch": "closed_loop", "ema_alpha": 0.5, "ema_prior_ns": pytest.approx(1000.0)}
+
+
+SPEC = """
+title = "tiny dispatch fit"
+arch = "small.toml"
+families = ["weighted", "closed_loop"]
+[[kernels]]
+name = "fma2"
+grid = 128
+threads = 256
+program = "loop 24 cta_spread=4\\n fma dep\\n sfu dep\\nend"
+[clocks]
+sigma = 0.15
+train_maps = 2
+test_maps = 1
+[fit]
+steps = 2
+"""
+
+
+@pytest.mark.parametrize("old, new, field", [
+    ('families = ["weighted", "closed_loop"]', 'families = ["fastest"]', "families"),
+    ('title =', 'colour = 1\ntitle =', "colour"),
+    ("steps = 2", "steps = 0", "fit.steps"),
+    ("sigma = 0.15", 'sigma = 0.15\nmodel = "flat"', "clocks.model"),
+    ("grid = 128", "grid = 128\nwarps = 3", "warps"),
+])
+def test_dispatch_spec_errors_name_the_field(tmp_path, old, new, field):
+    (tmp_path / "small.toml").write_text(archio.dumps(ARCH))
+    dispatch_spec.loads(SPEC, base_dir=tmp_path)  # the spec itself is fine
+    with pytest.raises(js.JaxschedError, match=field):
+        dispatch_spec.loads(SPEC.replace(old, new), base_dir=tmp_path)
+
+
+@pytest.mark.slow
+def test_fit_dispatch_command(tmp_path, capsys):
+    (tmp_path / "small.toml").write_text(archio.dumps(ARCH))
+    (tmp_path / "spec.toml").write_text(SPEC)
+    assert main(["fit", "dispatch", str(tmp_path / "spec.toml"), "-o", str(tmp_path / "out")]) == 0
+    ds = xr.open_dataset(tmp_path / "out" / "dispatch.nc", engine="h5netcdf")
+    assert list(ds["policy"].values) == ["hardware", "weighted_clocks", "closed_loop_default", "weighted_fit",
+                                         "closed_loop_fit"]
+    assert ds.sizes["step"] == 2 and np.isfinite(ds["makespan_ns"].values).all()
+    assert (ds["gap_fluid"].sel(policy="hardware").values >= 0).all()
+    assert (tmp_path / "out" / "dispatch.png").stat().st_size > 10_000
+    assert "above the fluid bound" in capsys.readouterr().out

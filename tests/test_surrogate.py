@@ -1,0 +1,133 @@
+"""The differentiable surrogate (jaxsched.surrogate.relax): agreement with the exact engine,
+convergence of the relaxation as T -> 0, gradients against finite differences, vmap."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import small_arch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import jaxsched as js
+from jaxsched import bounds
+from jaxsched import surrogate as sg
+
+ARCH = small_arch(4)  # 8 SMs x 8 CTA slots
+KERNEL = js.make_kernel("loop 24 cta_spread=4\n fma dep\n sfu dep\nend", grid=192, threads=256, regs=32)
+POLICIES = ("hardware", "weighted", "closed_loop")
+SLOTS = 8
+
+
+def _mhz(seed: int) -> np.ndarray:
+    return np.asarray(js.clocks.gaussian(ARCH, seed, 1.8, 0.1).sm_freq_mhz)
+
+
+@pytest.fixture(scope="module")
+def work() -> bounds.Work:
+    return sg.measure_work(ARCH, KERNEL)
+
+
+def _run(work, mhz, policy, temperature=0.0, mode="hard", **params):
+    launch = sg.make_launch(ARCH, KERNEL, mhz, work)
+    return sg.schedule(launch, sg.dispatch_params(ARCH, mhz, **params), temperature, policy=policy, mode=mode,
+                       max_slots=SLOTS)
+
+
+def test_hard_surrogate_tracks_the_exact_engine(work):
+    seeds = (0, 1)
+    clk = [js.clocks.gaussian(ARCH, s, 1.8, 0.1) for s in seeds]
+    # batches of two, like measure_work's: one compiled engine for the whole module
+    exact = np.array([js.simulate_batch([ARCH] * 2, [KERNEL] * 2, clk, [1] * 2,
+                                        [js.DISPATCH_POLICIES.index(p)] * 2, [0] * 2).makespan_ns for p in POLICIES]).T
+    model = np.array([[float(_run(work, _mhz(s), p).makespan_ns) for p in POLICIES] for s in seeds])
+    err = model / exact - 1
+    # measured: 3.8-7.7 % below the engine, 5.3 % on average. A slot idle for the 207 ns launch
+    # latency speeds up its SM's other CTAs, which a slot model cannot show (docs/surrogate.md)
+    assert np.abs(err).max() < 0.09 and np.abs(err).mean() < 0.07
+
+
+@pytest.mark.parametrize("policy", [pytest.param(p, marks=pytest.mark.xfail(
+    strict=True, reason="known gap (session 2): the closed-loop relaxation does not reach the hard "
+    "model as T -> 0 under the straight-through check")) if p == "closed_loop" else p for p in POLICIES])
+def test_soft_converges_to_hard_as_temperature_vanishes(work, policy):
+    mhz = _mhz(1)
+    hard = float(_run(work, mhz, policy).makespan_ns)
+    soft = {t: float(_run(work, mhz, policy, t, "soft").makespan_ns) for t in (0.3, 1e-5)}
+    assert abs(soft[0.3] / hard - 1) > 0.05  # the relaxation is not the hard model ...
+    assert soft[1e-5] == pytest.approx(hard, rel=1e-5)  # ... and becomes it as T -> 0
+    st_ = float(_run(work, mhz, policy, 0.1, "straight_through").makespan_ns)
+    assert st_ == pytest.approx(hard, rel=1e-6)  # straight-through: the hard forward pass
+
+
+def _makespan_fn(work, policy, temperature):
+    launch = sg.make_launch(ARCH, KERNEL, _mhz(2), work)
+
+    def fn(mhz, weight, alpha, prior):
+        moved = dataclasses.replace(launch, sm_freq_mhz=mhz)
+        return sg.schedule(moved, sg.DispatchParams(weight, alpha, prior), temperature, policy=policy,
+                           max_slots=SLOTS).makespan_ns
+
+    return fn, launch
+
+
+@pytest.mark.parametrize("policy", ["weighted", "closed_loop"])
+def test_gradients_agree_with_finite_differences(work, policy):
+    with jax.enable_x64(True):
+        fn, launch = _makespan_fn(jax.tree.map(lambda x: jnp.asarray(x, jnp.float64) if x.dtype.kind == "f" else x,
+                                               work), policy, 0.05)
+        f64 = jnp.asarray(launch.sm_freq_mhz, jnp.float64)
+        args = [f64, f64, jnp.float64(0.3), 200.0 + 0.37 * jnp.arange(f64.shape[0], dtype=jnp.float64)]
+        grads = jax.grad(fn, argnums=(0, 1, 2, 3))(*args)
+        checked = 0
+        for i, idx, h in [(0, 2, 1e-3), (0, 5, 1e-3), (1, 3, 1e-3), (2, None, 1e-6), (3, 1, 1e-4)]:
+            def bump(d, i=i, idx=idx):
+                a = list(args)
+                a[i] = a[i] + d if idx is None else a[i].at[idx].add(d)
+                return fn(*a)
+
+            fd = (bump(h) - bump(-h)) / (2 * h)
+            ad = grads[i] if idx is None else grads[i][idx]
+            assert float(ad) == pytest.approx(float(fd), rel=1e-4, abs=1e-9)
+            checked += abs(float(ad)) > 1e-6
+        assert checked >= 2  # the parameters of the policy move the makespan
+
+
+def test_straight_through_has_the_soft_gradient(work):
+    launch = sg.make_launch(ARCH, KERNEL, _mhz(2), work)
+    mhz = launch.sm_freq_mhz
+    grad = jax.grad(lambda w: sg.schedule(launch, sg.DispatchParams(w, jnp.float32(0.25), 0.0 * mhz), 0.05,
+                                          policy="weighted", mode="straight_through", max_slots=SLOTS)
+                    .makespan_ns)(mhz)
+    assert np.all(np.isfinite(grad)) and np.any(np.asarray(grad) != 0)
+
+
+def test_vmap_over_chips_equals_single_runs(work):
+    launches = [sg.make_launch(ARCH, KERNEL, _mhz(s), work) for s in range(3)]
+    params = [sg.dispatch_params(ARCH, _mhz(s), ema_alpha=0.2) for s in range(3)]
+    stacked = sg.launch.stack_launches(launches)
+    batch = jax.vmap(lambda l, p: sg.schedule(l, p, 0.05, policy="closed_loop", max_slots=SLOTS).makespan_ns)(
+        stacked, jax.tree.map(lambda *x: jnp.stack(x), *params))
+    single = [float(sg.schedule(l, p, 0.05, policy="closed_loop", max_slots=SLOTS).makespan_ns)
+              for l, p in zip(launches, params)]
+    np.testing.assert_allclose(np.asarray(batch), single, rtol=1e-6)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.integers(600, 1980), min_size=ARCH.n_sm_slots, max_size=ARCH.n_sm_slots),
+       st.sampled_from(["hardware", "round_robin", "weighted", "closed_loop"]))
+def test_hard_schedule_never_beats_the_fluid_bound(work, mhz, policy):
+    mhz = np.where(np.asarray(ARCH.sm_enabled), np.asarray(mhz, np.float32), 0.0)
+    makespan = float(_run(work, mhz, policy).makespan_ns)
+    assert makespan >= float(bounds.fluid_ns(work, jnp.asarray(mhz))) * (1 - 1e-5)
+
+
+def test_launch_inputs_are_checked(work):
+    with pytest.raises(js.JaxschedError, match="sm_freq_mhz"):
+        sg.make_launch(ARCH, KERNEL, np.zeros(ARCH.n_sm_slots), work)
+    with pytest.raises(js.JaxschedError, match="work"):
+        sg.make_launch(ARCH, KERNEL.replace(grid_ctas=np.int32(10)), _mhz(0), work)
