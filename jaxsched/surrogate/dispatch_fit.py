@@ -38,6 +38,7 @@ from .relax import schedule
 FAMILIES = ("weighted", "closed_loop", "closed_loop_per_sm")
 ENGINE_POLICY = {"weighted": "weighted", "closed_loop": "closed_loop", "closed_loop_per_sm": "closed_loop"}
 WEIGHT_SCALE = 1000.0  # engine weight of an SM at the mean clock
+GRADIENT_CLIP = 1.0  # per gradient entry and step (the loss is a makespan ratio: O(1))
 _INITIAL = {
     "weighted": {"gamma": 1.0},
     "closed_loop": {"alpha_logit": float(np.log(0.25 / 0.75)), "log_prior": 0.0},
@@ -138,7 +139,11 @@ def fit(problem: Problem, family: str, *, steps: int, learning_rate: float, temp
     if not per_chip:
         problem = problem._replace(group=jnp.zeros_like(problem.group))
     theta = initial_theta(family, n_groups)
-    opt = optax.adam(learning_rate)
+    # Through thousands of placements the closed loop's pathwise gradient can explode (list
+    # scheduling is chaotic; docs/surrogate.md): non-finite entries are dropped and each entry is
+    # clipped (per parameter, so per-chip fits stay independent); Adam's normalised steps keep the
+    # size of an update at the learning rate.
+    opt = optax.chain(optax.clip(GRADIENT_CLIP), optax.adam(learning_rate))
     state = opt.init(theta)
     temp = jnp.float32(temperature)
     loss_fn = functools.partial(losses, problem=problem, temperature=temp, family=family,
@@ -151,6 +156,7 @@ def fit(problem: Problem, family: str, *, steps: int, learning_rate: float, temp
     @jax.jit
     def step(theta, state):
         (_, per_group), grad = jax.value_and_grad(total, has_aux=True)(theta)
+        grad = jax.tree.map(lambda g: jnp.where(jnp.isfinite(g), g, 0.0), grad)
         updates, state = opt.update(grad, state, theta)
         return optax.apply_updates(theta, updates), state, per_group
 
