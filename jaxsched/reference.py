@@ -644,6 +644,10 @@ class _Sim:
             for cta, t0 in zip(sm.cta_id, sm.start):
                 if cta >= 0 and max(self.now, t0 + es) + es + margin < target:
                     better += 1
+            for j in range(self.ctas_per_sm):  # free slots still launching take a CTA soon
+                u = sm.usable[j]
+                if sm.cta_id[j] < 0 and u > self.now and u + es + margin < target:
+                    better += 1
         if self.n_ctas - self.chip.next_cta <= better:
             return None
         return cand

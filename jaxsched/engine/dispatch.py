@@ -85,14 +85,21 @@ def _censored_estimate(state: State, tick: Int[Array, ""]) -> Int[Array, " sm"]:
     return jnp.maximum(state.dispatch_est, jnp.max(running, axis=1).astype(jnp.int64))
 
 
-def _hold_for_better_slots(slots: _Slots, launch: Launch, est: Array, sm: Array, tick: Array) -> Array:
+def _hold_for_better_slots(
+    slots: _Slots, launch: Launch, launching_tick: Int[Array, "sm cta"], est: Array, sm: Array, tick: Array
+) -> Array:
     """Closed loop in the tail: keep the CTA if the CTAs left fit in slots expected to finish
-    them earlier than `sm` would (docs/model.md section 9)."""
+    them earlier than `sm` would: occupied slots, and free slots still in their launch latency
+    (`launching_tick`, INF elsewhere) (docs/model.md section 9)."""
     now = tick.astype(jnp.int64)
     target = now + est[sm]
     e = est[:, None]
-    finish = jnp.maximum(now, slots.start.astype(jnp.int64) + e) + e
-    better = (slots.cta_id >= 0) & launch.sm_enabled[:, None] & (finish + est[sm] // 8 < target)
+    occupied_finish = jnp.maximum(now, slots.start.astype(jnp.int64) + e) + e
+    launching_finish = launching_tick.astype(jnp.int64) + e
+    occupied = (slots.cta_id >= 0) & launch.sm_enabled[:, None]
+    launching = (slots.cta_id < 0) & (launching_tick < INF)
+    finish = jnp.where(occupied, occupied_finish, launching_finish)
+    better = (occupied | launching) & (finish + est[sm] // 8 < target)
     left = (launch.n_ctas - slots.next_cta).astype(jnp.int64)
     return (launch.dispatch_policy == CLOSED_LOOP) & (left <= jnp.sum(better, dtype=jnp.int64))
 
@@ -126,13 +133,14 @@ def _place_one(
     slots: _Slots,
     launch: Launch,
     usable: Bool[Array, "sm cta"],
+    launching_tick: Int[Array, "sm cta"],
     est: Int[Array, " sm"],
     tick: Int[Array, ""],
 ) -> _Slots:
     room = _room(slots, usable)
     score = jnp.where(room > 0, scores(slots, launch, room, est, tick), jnp.iinfo(jnp.int64).min)
     sm = jnp.argmax(score).astype(jnp.int32)
-    hold = _hold_for_better_slots(slots, launch, est, sm, tick)
+    hold = _hold_for_better_slots(slots, launch, launching_tick, est, sm, tick)
     j = jnp.argmax((slots.cta_id[sm] < 0) & usable[sm]).astype(jnp.int32)  # lowest usable free slot
     n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled, dtype=jnp.int32), 1)
     placed = _Slots(
@@ -154,6 +162,8 @@ def dispatch(
     """Place CTAs until the grid is exhausted or no enabled SM has a usable free slot; launch
     their warps."""
     usable = _usable_slots(state, launch, shapes, tick)
+    launching = _cta_slots(launch, shapes) & (state.cta_id < 0) & (state.cta_usable_tick > tick)
+    launching_tick = jnp.where(launching, state.cta_usable_tick, INF)
 
     def has_work(slots: _Slots) -> Array:
         return (slots.next_cta < launch.n_ctas) & jnp.any(_room(slots, usable) > 0) & ~slots.hold
@@ -162,7 +172,7 @@ def dispatch(
     start = _Slots(state.cta_id, state.resident, live, state.cta_start, state.next_cta,
                    state.rr_pointer, jnp.bool_(False))
     est = _censored_estimate(state, tick)
-    slots = jax.lax.while_loop(has_work, lambda s: _place_one(s, launch, usable, est, tick), start)
+    slots = jax.lax.while_loop(has_work, lambda s: _place_one(s, launch, usable, launching_tick, est, tick), start)
     new = (slots.cta_id >= 0) & (slots.cta_id != state.cta_id)  # [sm, cta]
 
     # Launch the new CTAs' warps: slot w belongs to CTA slot w // W, warp w mod W.
