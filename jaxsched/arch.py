@@ -50,6 +50,10 @@ _FLOAT_FIELDS = (
     "boost_clock_ghz",
     "power_limit_w",
     "cta_launch_ns",
+    "launch_api_ns",
+    "launch_gap_ns",
+    "graph_api_ns",
+    "graph_gap_ns",
     "clock_step_mhz",
 )
 
@@ -114,6 +118,13 @@ class Arch(eqx.Module):
 
     # --- CTA dispatch ---
     cta_launch_ns: Float[Array, ""]  # a freed CTA slot takes this long to start its next CTA
+    # kernel launches (docs/model.md section 13): the host's cudaLaunchKernel call, and the time
+    # from a launch being allowed to start to its first CTA; the same for a CUDA graph's launch
+    # call and per node
+    launch_api_ns: Float[Array, ""]
+    launch_gap_ns: Float[Array, ""]
+    graph_api_ns: Float[Array, ""]
+    graph_gap_ns: Float[Array, ""]
 
     def __check_init__(self) -> None:
         if not all(_is_concrete(leaf) for leaf in (self.sm_enabled, self.max_threads_per_sm)):
@@ -213,6 +224,8 @@ def validate(arch: Arch) -> None:
         value = float(getattr(arch, key))
         if key == "cta_launch_ns":
             check(0 <= value <= 1e5, key, value, "a CTA launch latency in [0, 1e5] ns")
+        elif key in ("launch_api_ns", "launch_gap_ns", "graph_api_ns", "graph_gap_ns"):
+            check(0 <= value <= 1e6, key, value, "a kernel launch overhead in [0, 1e6] ns")
         else:
             check(np.isfinite(value) and value > 0, key, value, "must be a positive finite number")
     check(

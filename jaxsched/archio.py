@@ -52,7 +52,7 @@ _SECTIONS = {
         "smem_bytes_per_cycle", "mio_queue_depth",
     ),
     "clocks": ("base_clock_ghz", "boost_clock_ghz", "power_limit_w", "clock_step_mhz"),
-    "dispatch": ("cta_launch_ns",),
+    "dispatch": ("cta_launch_ns", "launch_api_ns", "launch_gap_ns", "graph_api_ns", "graph_gap_ns"),
 }
 _SM_KEYS = ("enabled", "gpc", "tpc", "x_mm", "y_mm", "dispatch_order", "die_mm")
 _HIERARCHY_KEYS = ("gpc_tpcs_full", "gpc_tpcs_enabled", "die_mm", "gpc_rows")

@@ -43,6 +43,17 @@ _COMMON = dict(
 )
 
 
+# Kernel launch overheads (docs/model.md section 13), measured on an H200 with CUDA 12
+# (docs/calibration.md, "Kernel launch overhead"); leads for the other chips, whose driver
+# path is the same.
+LAUNCH_OVERHEAD_NS = dict(
+    launch_api_ns=2000.0,
+    launch_gap_ns=1000.0,
+    graph_api_ns=2500.0,
+    graph_gap_ns=400.0,
+)
+
+
 def _lat(fma: int, alu: int, sfu: int, lds: int, l1: int, shfl: int) -> list[int]:
     """Per-class dependent-issue latency in SM cycles, ordered by `isa.Op`."""
     lat = [0] * len(Op)
@@ -89,6 +100,7 @@ def v100() -> Arch:
         # [cal] CTA end -> next CTA start on the freed slot: 207 ns median (175-237 ns, n = 2478)
         # on an H200 (docs/calibration.md); a lead for the other chips
         cta_launch_ns=207.0,
+        **LAUNCH_OVERHEAD_NS,
     )
 
 
@@ -121,6 +133,7 @@ def a100() -> Arch:
         # [cal] CTA end -> next CTA start on the freed slot: 207 ns median (175-237 ns, n = 2478)
         # on an H200 (docs/calibration.md); a lead for the other chips
         cta_launch_ns=207.0,
+        **LAUNCH_OVERHEAD_NS,
     )
 
 
@@ -205,6 +218,7 @@ def _gh100(name: str, dram_bytes_per_ns: float, dram_latency_ns: float,
         # [cal] CTA end -> next CTA start on the freed slot: 207 ns median (175-237 ns, n = 2478)
         # on an H200 (docs/calibration.md); a lead for the other chips
         cta_launch_ns=207.0,
+        **LAUNCH_OVERHEAD_NS,
     )
 
 
@@ -256,6 +270,7 @@ def rtx3090() -> Arch:
         # [cal] CTA end -> next CTA start on the freed slot: 207 ns median (175-237 ns, n = 2478)
         # on an H200 (docs/calibration.md); a lead for the other chips
         cta_launch_ns=207.0,
+        **LAUNCH_OVERHEAD_NS,
     )
 
 
