@@ -9,7 +9,8 @@
 // - stream_gap_ns: GPU time per empty 1-CTA kernel in a chain of N on one stream, all queued
 //   before the chain starts (behind the spin kernel), so the host is not the limit: the
 //   front end's per-kernel cost in a stream;
-// - graph_api_ns: host time of one cudaGraphLaunch of the same chain captured as a graph;
+// - graph_api_ns: host time of one cudaGraphLaunch of the same chain captured as a graph
+//   (graph20_api_ns: of a 20-kernel graph);
 // - graph_gap_ns: GPU time per kernel of that graph;
 // - stream_unqueued_ns: GPU time per kernel when the host launches the chain without a spin
 //   kernel ahead (host and GPU race: max(api, gap) in the model).
@@ -68,8 +69,16 @@ int main() {
   CHECK(cudaGraphInstantiate(&exec, graph, 0));
   CHECK(cudaGraphLaunch(exec, s));  // warm up
   CHECK(cudaStreamSynchronize(s));
+  cudaGraph_t graph20;
+  cudaGraphExec_t exec20;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < 20; ++i) empty_kernel<<<1, 32, 0, s>>>();
+  CHECK(cudaStreamEndCapture(s, &graph20));
+  CHECK(cudaGraphInstantiate(&exec20, graph20, 0));
+  CHECK(cudaGraphLaunch(exec20, s));  // warm up
+  CHECK(cudaStreamSynchronize(s));
 
-  std::vector<double> api, gap, gapi, ggap, unq;
+  std::vector<double> api, gap, gapi, ggap, unq, g20;
   for (int r = 0; r < REPEATS; ++r) {
     float ms = 0;
     // stream chain behind a spin kernel
@@ -94,6 +103,12 @@ int main() {
     CHECK(cudaEventElapsedTime(&ms, a, b));
     gapi.push_back(t1 - t0);
     ggap.push_back(ms * 1e6 / N);
+    // a 20-kernel graph's launch call, behind a spin kernel
+    spin_kernel<<<1, 32, 0, s>>>(SPIN);
+    t0 = now_ns();
+    CHECK(cudaGraphLaunch(exec20, s));
+    t1 = now_ns();
+    g20.push_back(t1 - t0);
     // stream chain, host and GPU racing
     CHECK(cudaStreamSynchronize(s));
     CHECK(cudaEventRecord(a, s));
@@ -111,8 +126,8 @@ int main() {
   std::printf(
       "{\"device\": \"%s\", \"driver\": %d, \"runtime\": %d, \"kernels_per_chain\": %d, "
       "\"repeats\": %d, \"api_ns\": %.1f, \"stream_gap_ns\": %.1f, \"graph_api_ns\": %.1f, "
-      "\"graph_gap_ns\": %.1f, \"stream_unqueued_ns\": %.1f}\n",
+      "\"graph_gap_ns\": %.1f, \"stream_unqueued_ns\": %.1f, \"graph20_api_ns\": %.1f}\n",
       prop.name, driver, runtime, N, REPEATS, median(api), median(gap), median(gapi), median(ggap),
-      median(unq));
+      median(unq), median(g20));
   return 0;
 }
