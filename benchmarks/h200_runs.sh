@@ -27,10 +27,16 @@ print(f"in-memory sweep: {time.perf_counter() - t0:.1f} s")
 PY
 }
 python -c "import zarr" 2>/dev/null || echo "no zarr here: sweeps run in memory (sweep.run) instead of the CLI" | tee -a "$OUT/times.txt"
+# Sweep stores live in WORK, outside OUT: a call cut by the device's time limit leaves the store
+# on the (still warm) machine, and the next call finishes it with --resume.
+WORK=${WORK:-/tmp/jaxsched_work}
+mkdir -p "$WORK"
 cli_or_memory() {  # cli_or_memory NAME SPEC VARS...
   local name=$1 spec=$2; shift 2
   if python -c "import zarr" 2>/dev/null; then
-    timed "$name" python -m jaxsched.cli sweep "$spec" -o "$OUT/$name" && reduce "$OUT/$name" "$@" && rm -rf "$OUT/$name"
+    local resume=""; [ -d "$WORK/$name/sweep.zarr" ] && resume="--resume"
+    timed "$name" python -m jaxsched.cli sweep "$spec" -o "$WORK/$name" $resume \
+      && reduce "$WORK/$name" "$@" && mv "$WORK/$name.nc" "$OUT/$name.nc" && cp "$WORK/$name/makespan.png" "$OUT/$name.png"
   else
     timed "$name" inmemory "$spec" "$OUT/$name.nc" "$@"
   fi
