@@ -47,10 +47,10 @@ _COMMON = dict(
 # (docs/calibration.md, "Kernel launch overhead"); leads for the other chips, whose driver
 # path is the same.
 LAUNCH_OVERHEAD_NS = dict(
-    launch_api_ns=2000.0,
-    launch_gap_ns=1000.0,
-    graph_api_ns=2500.0,
-    graph_gap_ns=400.0,
+    launch_api_ns=4650.0,  # [cal] host time per cudaLaunchKernel: 4210 and 5098 ns in two runs
+    launch_gap_ns=1360.0,  # [cal] GPU time per queued empty kernel in a stream
+    graph_api_ns=21240.0,  # [cal] host time of one cudaGraphLaunch (20 nodes; 400: ~22-24 us)
+    graph_gap_ns=504.0,  # [cal] GPU time per kernel of a graph
 )
 
 
