@@ -346,6 +346,50 @@ def test_calibrate_latency_and_clock_units():
     assert lat["dram"]["ns"]["median"] == pytest.approx(600.0)
 
 
+SWEEP_SASS = """
+                Function : work_fma_dep
+        /*0000*/                   LDG.E R2, desc[UR4][R2.64] ;
+        /*0010*/                   FFMA R9, R9, R9, UR4 ;
+        /*0020*/                   FFMA R9, R9, R9, UR4 ;
+        /*0030*/                   IADD3 R0, R0, 0x1, RZ ;
+        /*0040*/                   ISETP.GE.AND P0, PT, R0, R2, PT ;
+        /*0050*/              @!P0 BRA 0x10 ;
+        /*0060*/                   EXIT ;
+"""
+
+
+def test_issue_sweep_cycles_per_instruction():
+    from jaxsched.probe.experiments import SWEEP_TRIPS, SWEEP_WARPS_PER_SCHEDULER
+
+    raw = {}
+    for m in SWEEP_WARPS_PER_SCHEDULER:  # 2 SMs, m CTAs each; SM 1 runs 10 % slower
+        rows = []
+        for sm, slow in ((0, 1.0), (1, 1.1)):
+            span = slow * 1.25 * m * SWEEP_TRIPS * 5  # 1.25 cycles per instruction, 5 per trip
+            rows += [[sm, 0, 0, 100 + c, 100 + span - c] for c in range(m)]
+        raw[f"sweep_fma_dep_m{m}_rec"] = np.asarray(rows, dtype=np.int64)
+    out = calibrate.issue_sweep(raw, SWEEP_SASS)
+    assert set(out) == {"fma_dep"}  # no SASS for the other kernels: skipped
+    assert out["fma_dep"]["loop_body"] == {"FFMA": 2, "IADD3": 1, "ISETP": 1, "BRA": 1}
+    for m in SWEEP_WARPS_PER_SCHEDULER:
+        row = out["fma_dep"]["warps_per_scheduler"][str(m)]
+        assert row["cycles_per_instruction"] == pytest.approx(1.25 * 1.05)  # median of 1.0 and 1.1
+        assert row["cycles_per_fma"] == pytest.approx(1.25 * 1.05 * 5 / 2)
+
+
+def test_refill_delays_pair_each_refill_with_the_slot_that_freed_first():
+    # one SM, two slots: CTAs 0 and 1 start at 0; 0 ends at 100, 1 at 500; CTA 2 starts at 130
+    # (slot of 0), CTA 3 at 520 (slot of 1); CTA 2 ends at 900, 3 at 950
+    sm = np.zeros(4, dtype=np.int64)
+    start = np.array([0.0, 0.0, 130.0, 520.0])
+    end = np.array([100.0, 500.0, 900.0, 950.0])
+    d = calibrate.refill_delays(sm, start, end, per_sm=2)
+    assert d["delay_ns"].tolist() == [30.0, 20.0]
+    assert d["before_other_end_ns"].tolist() == [370.0, 380.0]  # CTA 1 ends 370 after; CTA 2 380 after
+    d1 = calibrate.refill_delays(np.zeros(2, dtype=np.int64), np.array([0.0, 150.0]), np.array([100.0, 300.0]), 1)
+    assert d1["delay_ns"].tolist() == [50.0] and np.isnan(d1["before_other_end_ns"][0])
+
+
 # --------------------------------------------------------------------------- committed data
 
 
@@ -364,6 +408,24 @@ def test_committed_h200_data_is_consistent():
         cyc = (ds.cta_end_cycles - ds.cta_start_cycles).values
         ns = (ds.cta_end_ns - ds.cta_start_ns).values
         assert np.allclose(cyc / ns * 1000.0, ds.sm_freq_mhz.values[ds.cta_sm.values], rtol=1e-6)
+
+
+@pytest.mark.skipif(not (DATA / "sass_work.txt").exists(), reason="no committed SASS")
+@pytest.mark.parametrize("kernel", ["fma_dep", "fma_dep_bank", "fma_ilp", "ldg"])
+def test_simulated_program_mirrors_the_committed_sass(kernel):
+    """Per loop trip, the simulated program issues what the compiled loop issues: the same FMAs
+    and loads, and the other instructions (loop counter, compare, branch, addresses) as ALU."""
+    body = sass.loop_with((DATA / "sass_work.txt").read_text(), f"work_{kernel}", "FFMA")
+    case = next(c for c in SUITE if c.kernel == kernel)
+    per_trip = {"fma_dep": kernels.FMA_UNROLL, "fma_dep_bank": kernels.FMA_UNROLL,
+                "fma_ilp": kernels.ILP_CHAINS * kernels.ILP_UNROLL, "ldg": kernels.LDG_UNROLL}[kernel]
+    unroll = body["FFMA"] / per_trip  # ptxas unrolls work_ldg's trip loop 4 times
+    ops = np.asarray(case.sim_kernel(H200, 32).op)
+    n_ldg = int(np.sum(ops == js.Op.LDG)) - 1  # the trip-count load sits outside the loop
+    assert int(np.sum(ops == js.Op.FMA)) == body["FFMA"] / unroll
+    assert n_ldg == body["LDG"] / unroll
+    others = (sum(body.values()) - body["FFMA"] - body["LDG"]) / unroll
+    assert abs(int(np.sum(ops == js.Op.ALU)) - others) <= 0.5
 
 
 # --------------------------------------------------------------------------- live

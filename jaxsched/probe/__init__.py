@@ -73,6 +73,8 @@ def run(out: Path, case_names: list[str] | None = None, repeats: int = 6, calibr
         measure([("timer", lambda: experiments.timer(gpu)),
                  ("clocks", lambda: experiments.clocks(gpu, sampler)),
                  ("throughput", lambda: experiments.throughput(gpu)),
+                 ("issue_sweep", lambda: experiments.issue_sweep(gpu)),
+                 ("refill", lambda: experiments.refill(gpu)),
                  ("dispatch", lambda: experiments.dispatch(gpu)),
                  ("clusters", lambda: experiments.clusters(gpu))])
     cases = select(default_suite(gpu.n_sm), case_names)

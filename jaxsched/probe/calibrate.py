@@ -2,8 +2,9 @@
 
 Each function takes the raw dictionary (as saved in `raw.npz`) and returns plain JSON values:
 the `%globaltimer` quantum, SM clocks under light, heavy and sustained load, dependent-issue
-latencies per operation class, issue rates per pipe, the dispatcher's SM order and its rotation,
-and the GPC groups seen through thread-block clusters. docs/calibration.md explains each.
+latencies per operation class, issue rates per pipe, the work loops' issue rate against warps per
+scheduler, the delay before a freed CTA slot takes its next CTA, the dispatcher's SM order and its
+rotation, and the GPC groups seen through thread-block clusters. docs/calibration.md explains each.
 """
 
 from __future__ import annotations
@@ -11,9 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from jaxtyping import Float, Int
 
 from . import kernels, layout, sass
-from .timing import sm_clock_mhz, timer_quantum
+from .experiments import (
+    REFILL_SHAPES,
+    SWEEP_KERNELS,
+    SWEEP_TRIPS,
+    SWEEP_WARPS_PER_SCHEDULER,
+)
+from .timing import align, sm_clock_mhz, timer_quantum
 
 # SASS opcode that each latency chain is made of (what the timed loop is divided by)
 LATENCY_OPCODES = {"fma": "FFMA", "alu": "IADD3", "sfu": "MUFU", "lds": "LDS", "shfl": "SHFL",
@@ -174,4 +182,79 @@ def derive(raw: dict[str, np.ndarray], sass_text: str, n_sm: int) -> dict[str, A
     out["gpcs"] = gpcs(raw)
     gpc_of = {sm: g for g, members in enumerate(out["gpcs"].get("groups", [])) for sm in members}
     out["dispatch"] = dispatch(raw, n_sm, gpc_of)
+    if any(k.startswith("sweep_") for k in raw):
+        out["issue_sweep"] = issue_sweep(raw, sass_text)
+    if any(k.startswith("refill_") for k in raw):
+        out["refill"] = refill(raw, out.get("timer", {}).get("step_ns", 32.0))
+    return out
+
+
+def issue_sweep(raw: dict[str, np.ndarray], sass_text: str) -> dict[str, Any]:
+    """Cycles per warp instruction per scheduler of the suite's work loops, against warps per
+    scheduler (`experiments.issue_sweep`). Per SM: the span of its CTAs' stamps in clock64
+    cycles, over the instructions one scheduler issues (`m` warps, `SWEEP_TRIPS` trips of the
+    loop body counted in the SASS); the median over SMs. `cycles_per_fma` counts the loop's
+    FFMAs only, `cycles_per_instruction` all of its instructions."""
+    out: dict[str, Any] = {}
+    for name in SWEEP_KERNELS:
+        body = sass.loop_with(sass_text, f"work_{name}", "FFMA") if sass_text else None
+        if body is None:
+            continue
+        per_trip_all, per_trip_fma = sum(body.values()), body["FFMA"]
+        rows = {}
+        for m in SWEEP_WARPS_PER_SCHEDULER:
+            key = f"sweep_{name}_m{m}_rec"
+            if key not in raw:
+                continue
+            rec = raw[key]
+            spans = np.asarray([rec[rec[:, 0] == s, 4].max() - rec[rec[:, 0] == s, 3].min()
+                                for s in np.unique(rec[:, 0])], dtype=np.float64)
+            span = float(np.median(spans))
+            rows[str(m)] = {"span_cycles": span,
+                            "cycles_per_fma": span / (m * SWEEP_TRIPS * per_trip_fma),
+                            "cycles_per_instruction": span / (m * SWEEP_TRIPS * per_trip_all)}
+        out[name] = {"loop_body": dict(body), "warps_per_scheduler": rows}
+    return out
+
+
+def refill_delays(cta_sm: Int[np.ndarray, " cta"], start_ns: Float[np.ndarray, " cta"],
+                  end_ns: Float[np.ndarray, " cta"], per_sm: int) -> dict[str, Float[np.ndarray, " refill"]]:
+    """Per refill (a CTA started after its SM's first `per_sm`): how long after a slot freed it
+    started (each refill takes the slot that freed first, FIFO), and how long before the SM's
+    next end among the CTAs still running (NaN when none ran)."""
+    delay, before_end = [], []
+    for s in np.unique(cta_sm):
+        on = np.flatnonzero(cta_sm == s)
+        on = on[np.argsort(start_ns[on], kind="stable")]
+        free = sorted(end_ns[on[:per_sm]].tolist())
+        running = list(on[:per_sm])
+        for c in on[per_sm:]:
+            delay.append(start_ns[c] - free.pop(0))
+            later = [end_ns[x] for x in running if end_ns[x] > start_ns[c]]
+            before_end.append(min(later) - start_ns[c] if later else np.nan)
+            running.append(c)
+            free = sorted(free + [end_ns[c]])
+    return {"delay_ns": np.asarray(delay, dtype=np.float64),
+            "before_other_end_ns": np.asarray(before_end, dtype=np.float64)}
+
+
+def refill(raw: dict[str, np.ndarray], quantum_ns: float) -> dict[str, Any]:
+    """`experiments.refill`: the delay from a freed CTA slot to its next CTA, per CTA shape, with
+    the SM's other CTA leaving idle issue cycles (1-2 warps per scheduler) or not (4-8)."""
+    out: dict[str, Any] = {}
+    for threads, per_sm in REFILL_SHAPES:
+        key = f"refill_t{threads}_k{per_sm}_rec"
+        if key not in raw:
+            continue
+        delays, before = [], []
+        for rec in raw[key]:
+            al = align(rec[:, 0], rec[:, 1], rec[:, 2], rec[:, 3], rec[:, 4], quantum_ns)
+            d = refill_delays(rec[:, 0], al.start_ns, al.end_ns, per_sm)
+            delays.append(d["delay_ns"])
+            before.append(d["before_other_end_ns"])
+        d, b = np.concatenate(delays), np.concatenate(before)
+        out[f"t{threads}_k{per_sm}"] = {
+            "warps_per_scheduler_per_cta": threads // 32 // 4, "delay_ns": _stats(d),
+            "delay_ns_p10_p90": np.percentile(d, [10, 90]).tolist(),
+            "before_other_end_ns": _stats(b), "refills_with_no_other_running": float(np.mean(np.isnan(b)))}
     return out

@@ -261,3 +261,68 @@ def run_case(gpu: Gpu, case: ProbeCase, arch: Arch, repeats: int, buffers: dict[
         "driver_ctas_per_sm": _driver_occupancy(gpu, name, case.threads, smem),
         "jaxsched_ctas_per_sm": case.occupancy(arch, regs),
     }
+
+
+SWEEP_KERNELS = ("fma_dep", "fma_dep_bank", "fma_ilp")
+SWEEP_WARPS_PER_SCHEDULER = (1, 2, 4, 8, 16)
+SWEEP_TRIPS = 32
+
+
+def issue_sweep(gpu: Gpu) -> dict[str, np.ndarray]:
+    """Issue rate of the suite's work loops against the number of warps per scheduler: CTAs of
+    4 warps (one per scheduler), `m` of them per SM (forced through dynamic shared memory, grid
+    `m * n_sm`: one wave), every warp `SWEEP_TRIPS` trips. Per SM, the span of its stamps in
+    clock64 cycles over the warp instructions each scheduler issued is the cycles per
+    instruction, without the suite's short-launch ramps."""
+    cp = gpu.cp
+    n = gpu.n_sm
+    sink = cp.zeros(1, dtype=cp.float32)
+    out: dict[str, np.ndarray] = {}
+    for name in SWEEP_KERNELS:
+        for m in SWEEP_WARPS_PER_SCHEDULER:
+            grid = m * n
+            smem = gpu.smem_per_sm // m - gpu.reserved_smem
+            smem = min(smem, gpu.smem_optin) // 128 * 128
+            trips = cp.full(grid * 4, SWEEP_TRIPS, dtype=cp.int32)
+            recs = []
+            for _ in range(2):  # the first launch warms the instruction cache
+                rec = gpu.records(grid)
+                warp_end = cp.zeros(grid * 4, dtype=cp.int64)
+                gpu.launch(f"work_{name}", grid, 128, (rec, warp_end, sink, trips, np.float32(0.999),
+                                                        np.float32(1e-3)), smem=smem)
+                recs.append(rec)
+            gpu.sync()
+            out[f"sweep_{name}_m{m}_rec"] = _stack([unpack_records(recs[-1], grid)])[0]
+    return out
+
+
+# (threads per CTA, CTAs per SM): 1, 2, 4 and 8 warps per scheduler per CTA, two CTAs per SM
+REFILL_SHAPES = ((128, 2), (256, 2), (512, 2), (1024, 2))
+REFILL_WAVES = 3
+REFILL_TRIPS = 8
+
+
+def refill(gpu: Gpu) -> dict[str, np.ndarray]:
+    """When does a freed CTA slot take its next CTA while the SM's other CTA still runs?
+    `work_fma_dep` with two CTAs per SM (forced through shared memory), `REFILL_WAVES` waves,
+    for CTAs of 1, 2, 4 and 8 warps per scheduler: from one CTA the other still leaves the
+    schedulers idle cycles (latency-bound) or it keeps them busy (issue-bound)."""
+    cp = gpu.cp
+    n = gpu.n_sm
+    sink = cp.zeros(1, dtype=cp.float32)
+    out: dict[str, np.ndarray] = {}
+    for threads, per_sm in REFILL_SHAPES:
+        grid = REFILL_WAVES * per_sm * n
+        warps = threads // 32
+        smem = min(gpu.smem_per_sm // per_sm - gpu.reserved_smem, gpu.smem_optin) // 128 * 128
+        trips = cp.full(grid * warps, REFILL_TRIPS, dtype=cp.int32)
+        recs = []
+        for _ in range(3):  # the first launch warms the instruction cache
+            rec = gpu.records(grid)
+            warp_end = cp.zeros(grid * warps, dtype=cp.int64)
+            gpu.launch("work_fma_dep", grid, threads, (rec, warp_end, sink, trips, np.float32(0.999),
+                                                        np.float32(1e-3)), smem=smem)
+            recs.append(rec)
+        gpu.sync()
+        out[f"refill_t{threads}_k{per_sm}_rec"] = _stack([unpack_records(r, grid) for r in recs[1:]])
+    return out
