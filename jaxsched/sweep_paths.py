@@ -142,11 +142,13 @@ KERNEL = {
     "branch_if_probability": Param("float", 0.0, 1.0),
     "l2_hit_rate": Param("float", 0.0, 1.0),
     "seed": _int32(-(2**31)),
+    "grid_sync_ns": Param("float", 0.0, 1e6),
     "threads_fixed_work": _int32(1),
 }
 # Fields whose every limit is a limit on the value alone (its `Param`): whether a point can
 # launch, and the engine's checks of a whole configuration, do not depend on them.
-VALUE_ONLY = {"kernel.l2_hit_rate", "kernel.branch_if_probability", "kernel.seed", "kernel.trips_cta_spread"}
+VALUE_ONLY = {"kernel.l2_hit_rate", "kernel.branch_if_probability", "kernel.seed", "kernel.trips_cta_spread",
+              "kernel.grid_sync_ns"}
 _NEEDS = {"trips": "loop", "trips_cta_spread": "loop", "trips_warp_spread": "loop",
           "branch_if_probability": "branch"}
 
