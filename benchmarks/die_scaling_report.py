@@ -40,6 +40,19 @@ def fluid_bounds(ds, arch: js.Arch, kernel: js.Kernel, variant: str) -> np.ndarr
     return np.asarray(fluid).reshape(mhz.shape[:-1])
 
 
+def paired_table(ds, sigmas: list[float]) -> str:
+    """Closed loop against hardware dispatch on the same chips (common random numbers): mean and
+    worst per-chip change of the makespan, and the share of chips where the closed loop wins."""
+    rows = ["| kernel | " + " | ".join(f"σ = {s:g}" for s in sigmas) + " |", "|---|" + "---|" * len(sigmas)]
+    for variant in ds.kernel_variant.values:
+        make = ds.makespan_ns.sel(kernel_variant=variant)
+        change = np.asarray(make.sel(policy_dispatch="closed_loop") / make.sel(policy_dispatch="hardware") - 1.0)
+        cells = [f"{100 * c.mean():+.1f} % (worst {100 * c.max():+.1f} %, wins {100 * np.mean(c < 0):.0f} %)"
+                 for c in change]
+        rows.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("out")
@@ -70,6 +83,8 @@ def main() -> None:
         ax.set_title(variant)
         ax.set_xlabel("per-SM clock spread σ")
         ax.set_ylabel("makespan (µs), median and IQR")
+    print()
+    print(paired_table(ds, sigmas))
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     if args.png:
