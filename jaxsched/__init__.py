@@ -5,9 +5,14 @@ at different, changing clocks.
     arch = js.presets.get("h200")
     kernel = js.make_kernel("loop 16\n ldg\n fma dep\nend", grid=1056, threads=256)
     result = js.simulate(arch, kernel, warp_policy="gto", dispatch="hardware")
+
+Several kernels on streams, with events, or as one CUDA graph:
+
+    workload = js.make_workload([kernel, kernel], streams=[0, 1], after=[[], [0]])
+    result = js.simulate(arch, workload)  # result.kernel_start_ns, kernel_end_ns, ...
 """
 
-from . import bounds, clocks, dvfs, freqmap, presets
+from . import bounds, clocks, dvfs, freqmap, presets, workload
 from .arch import Arch, make_arch
 from .archio import load as load_arch
 from .clocks import Clocks
@@ -17,6 +22,7 @@ from .isa import Op
 from .kernel import Kernel, load_kernel, make_kernel, resident_grid
 from .lower import DISPATCH_POLICIES, WARP_POLICIES
 from .occupancy import Occupancy, max_active_blocks, occupancy
+from .workload import Workload, load_workload, make_workload
 
 __version__ = "0.1.0"
 
@@ -30,14 +36,17 @@ __all__ = [
     "Occupancy",
     "Op",
     "Result",
+    "Workload",
     "bounds",
     "clocks",
     "dvfs",
     "freqmap",
     "load_arch",
     "load_kernel",
+    "load_workload",
     "make_arch",
     "make_kernel",
+    "make_workload",
     "max_active_blocks",
     "occupancy",
     "presets",
@@ -45,4 +54,5 @@ __all__ = [
     "simulate",
     "simulate_batch",
     "stack",
+    "workload",
 ]

@@ -121,22 +121,49 @@ def cmd_occupancy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_run_input(path: str):
+    """A kernel TOML (`[kernel]`) or a workload TOML (`[workload]`, docs/model.md section 13)."""
+    import tomllib
+
+    from .kernel import load_kernel
+    from .workload import load_workload
+
+    p = Path(path)
+    check(p.is_file(), "kernel file", str(p), "no such file")
+    try:
+        doc = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise JaxschedError(str(p), "malformed TOML", str(exc)) from None
+    return load_workload(p) if "workload" in doc else load_kernel(p)
+
+
 @_command
 def cmd_run(args: argparse.Namespace) -> int:
     from .engine.run import simulate  # imported here: `jaxsched occupancy` stays light
-    from .kernel import load_kernel
+    from .workload import Workload
 
     arch = load_arch(args.arch)
-    kernel = load_kernel(args.kernel)
+    item = _load_run_input(args.kernel)
+    is_workload = isinstance(item, Workload)
+    kernels = item.kernels if is_workload else (item,)
     clk = clocks.uniform(arch, args.clock_ghz)
-    result = simulate(arch, kernel, clk, warp_policy=args.warp_policy, dispatch=args.dispatch,
+    result = simulate(arch, item, clk, warp_policy=args.warp_policy, dispatch=args.dispatch,
                       dispatch_start=args.dispatch_start)
-    n = int(kernel.grid_ctas)
+    n = sum(int(k.grid_ctas) for k in kernels)
+    name = Path(args.kernel).stem if is_workload else item.name
     enabled = np.asarray(arch.sm_enabled)
     stalls = np.asarray(result.sm_stalls).sum(axis=0)
+    launches = [
+        {"kernel": k.name, "stream": item.streams[l] if is_workload else 0, "ctas": int(k.grid_ctas),
+         "ready_ns": round(float(result.kernel_ready_ns[l]), 3),
+         "start_ns": round(float(result.kernel_start_ns[l]), 3),
+         "end_ns": round(float(result.kernel_end_ns[l]), 3)}
+        for l, k in enumerate(kernels)
+    ]
     summary = {
         "arch": arch.name,
-        "kernel": kernel.name,
+        "kernel": name,
+        "mode": item.mode if is_workload else "stream",
         "warp_policy": args.warp_policy,
         "dispatch": args.dispatch,
         "clock_ghz": float(clk.sm_freq_mhz.max()) / 1000.0,
@@ -144,6 +171,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "makespan_cycles": float(result.makespan_cycles),
         "makespan_ticks": int(result.makespan_ticks),
         "ctas": n,
+        "launches": launches,
         "ctas_per_sm": np.asarray(result.sm_ctas)[enabled].tolist(),
         "issued_instructions": int(np.sum(result.sm_issued)),
         "ipc_per_sm_mean": float(np.mean(result.ipc[enabled])),
@@ -151,6 +179,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "simt_efficiency": float(result.simt_efficiency),
         "stall_reasons": dict(zip(result.stall_reasons, (int(v) for v in stalls))),
         "cta_trace": {
+            "kernel": np.asarray(result.cta_kernel)[:n].tolist(),
             "sm": np.asarray(result.cta_sm)[:n].tolist(),
             "start_ns": np.round(result.cta_start_ns[:n], 3).tolist(),
             "end_ns": np.round(result.cta_end_ns[:n], 3).tolist(),
@@ -161,10 +190,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         print()
         return 0
     counts = np.asarray(summary["ctas_per_sm"])
-    print(f"{kernel.name} on {arch.name} ({arch.sm_count} SMs at {summary['clock_ghz']:.3f} GHz), "
+    what = f"workload {name} ({len(kernels)} launches, {item.mode} mode)" if is_workload else name
+    print(f"{what} on {arch.name} ({arch.sm_count} SMs at {summary['clock_ghz']:.3f} GHz), "
           f"warp policy {args.warp_policy}, dispatch {args.dispatch}")
     print(f"  makespan          : {summary['makespan_ns']:.1f} ns = {summary['makespan_cycles']:.0f} "
           f"cycles at {float(arch.boost_clock_ghz):.3f} GHz")
+    if is_workload:
+        print("  launches          : ready / first CTA / end, ns from the host's first call")
+        for l, row in enumerate(launches):
+            print(f"    {l:3d} stream {row['stream']:<3d} {row['kernel'][:24]:24s} {row['ctas']:6d} CTAs  "
+                  f"{row['ready_ns']:12.1f} {row['start_ns']:12.1f} {row['end_ns']:12.1f}")
     print(f"  CTAs              : {n}, per SM {counts.min()}..{counts.max()}")
     print(f"  instructions      : {summary['issued_instructions']}, IPC/SM {summary['ipc_per_sm_mean']:.2f}, "
           f"achieved occupancy {100 * summary['achieved_occupancy_mean']:.1f}%, "
@@ -350,8 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--barriers", type=int, default=1, help="CTA barriers used by the kernel")
     p.add_argument("--json", action="store_true", help="print JSON")
 
-    p = sub.add_parser("run", help="simulate one kernel launch")
-    p.add_argument("kernel", help="kernel TOML file (see sweeps/kernels/)")
+    p = sub.add_parser("run", help="simulate one kernel launch or a workload of several")
+    p.add_argument("kernel", help="kernel TOML file (see sweeps/kernels/) or workload TOML file "
+                   "(a [workload] table: streams, events, graphs; see examples/workloads/)")
     p.add_argument("--arch", default="h200", help="preset name or arch TOML path")
     p.add_argument("--clock-ghz", type=float, default=None, help="uniform SM clock (default: boost)")
     p.add_argument("--warp-policy", default="gto", choices=WARP_POLICIES)

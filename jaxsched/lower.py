@@ -40,8 +40,9 @@ class Shapes:
     cta_slots: int  # CTA slots per SM (max blocks per SM)
     schedulers: int
     n_instr: int
-    max_ctas: int  # per-CTA trace length
+    max_ctas: int  # per-CTA trace length (all launches of a workload)
     trace_len: int = 0  # rows of the DVFS clock trace (section 12)
+    n_launches: int = 1  # kernel launches of a workload (section 13)
 
     @property
     def warps_per_scheduler(self) -> int:

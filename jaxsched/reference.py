@@ -1,27 +1,33 @@
 """The reference simulator: the oracle for the JAX engine.
 
 This module is a plain-Python (numpy and the standard library only, no JAX) implementation of
-the cycle-by-cycle model in `docs/model.md`, sections 2, 4-10 and 12. It favours clarity over speed:
-it executes every global tick in turn (no event skipping, section 11 is the JAX engine's
-business) and keeps the state of every SM, CTA slot and warp slot in ordinary Python objects.
-All arithmetic on simulated quantities is on Python integers, so runs are exact and
+the cycle-by-cycle model in `docs/model.md`, sections 2, 4-10, 12 and 13. It favours clarity
+over speed: it executes every global tick in turn (no event skipping, section 11 is the JAX
+engine's business) and keeps the state of every SM, CTA slot and warp slot in ordinary Python
+objects. All arithmetic on simulated quantities is on Python integers, so runs are exact and
 deterministic; the JAX engine must reproduce every integer output array exactly.
 
 Entry points:
 - `simulate_launch(launch, shapes)`: run one lowered `Launch` (numpy leaves, see
   `lower.to_numpy`) with its static `Shapes`; returns the exact output arrays of sections 10
   and 12.
-- `simulate(arch, kernel, clocks, dvfs=...)`: validate, lower and run one configuration; adds
-  `makespan_ns` and `makespan_cycles`. Only this wrapper touches the (jax.numpy) lowering in
-  `jaxsched.lower`; the simulation itself is plain Python.
+- `simulate_workload(launches, plan, shapes)`: run several launches (one `Launch` each) under
+  section 13's `Plan` (submit ticks, dependencies, launch gap); a kernel alone is the workload
+  of one launch with no overhead.
+- `simulate(arch, kernel_or_workload, clocks, dvfs=...)`: validate, lower and run one
+  configuration; adds `makespan_ns` and `makespan_cycles`. Only this wrapper touches the
+  (jax.numpy) lowering in `jaxsched.lower` and `jaxsched.workload`; the simulation itself is
+  plain Python.
 
 Order of events (the contract's sections in parentheses):
 - tick `k` (8): every SM whose phase accumulator overflows executes one cycle (2), SMs in index
-  order; then the grid barrier (8, step 1b: a completed `gsync` schedules its release
+  order; then every launch whose dependencies have now all completed gets its ready tick (13);
+  then the grid barrier (8, step 1b: a completed `gsync` schedules its release
   `grid_sync_ticks` later; a release due now frees every waiting warp); then CTA dispatch (9:
   hardware, round_robin, least_loaded, weighted, closed_loop, all counting only *usable* free
   CTA slots, those freed at least `cta_launch_ticks` ago; in a persistent kernel each new
-  warp takes its first work item, in placement then warp order);
+  warp takes its first work item, in placement then warp order; with several launches the
+  head launch, the ready one with the smallest `(ready, l)`, places its CTAs first: 13);
   then the L2 and DRAM queues drain by one tick (1024 units); then, unless DVFS is off, the
   DVFS step (12: apply clocks, apply droop, sample, apply again, recompute every `f_s`), whose
   clocks the phase accumulators add from tick `k + 1`.
@@ -30,8 +36,9 @@ Order of events (the contract's sections in parentheses):
   the MIO backlog, the chip-wide memory queues, the grid-barrier arrivals and the persistent
   work queue, whose takes are thus ordered (tick, SM index, scheduler)); then CTA barrier
   releases and CTA completions;
-  then the MIO backlog drains by one. A completing CTA updates its SM's closed-loop estimate
-  there (section 9), in CTA-slot order.
+  then the MIO backlog drains by one. A completing CTA updates its launch's closed-loop
+  estimate for its SM (sections 9 and 13), in CTA-slot order. Each warp runs its own launch's
+  program.
 """
 
 from __future__ import annotations
@@ -167,7 +174,7 @@ class Warp:
     """One warp slot of an SM."""
 
     __slots__ = ("active", "pc", "trips_left", "lanes", "if_lanes", "else_lanes", "age",
-                 "at_barrier", "ready_fixed", "ready_mio", "ready_mem", "cta_slot")
+                 "at_barrier", "ready_fixed", "ready_mio", "ready_mem", "cta_slot", "kernel")
 
     def __init__(self) -> None:
         self.active = False
@@ -182,6 +189,7 @@ class Warp:
         self.ready_mio = 0  # SM cycle
         self.ready_mem = 0  # global tick
         self.cta_slot = -1
+        self.kernel = None  # the `KernelRun` (launch) of the warp's CTA: program and variation
 
 
 class SM:
@@ -218,22 +226,22 @@ class SM:
 
 
 class Chip:
-    """Chip-wide state: memory queues, grid barrier, work queue, dispatcher, per-CTA trace."""
+    """Chip-wide state: memory queues, grid barrier, work queue, round-robin pointer, per-CTA
+    trace over the global CTA index `g` (section 13; per-launch state is in `KernelRun`)."""
 
-    def __init__(self, n_ctas: int, n_sm: int, ema_prior_ticks: int) -> None:
+    def __init__(self, cta_kernel: list[int]) -> None:
+        n_ctas = len(cta_kernel)
         self.q_l2 = 0  # 1/1024 tick
         self.q_dram = 0
         self.g_arrived = 0  # warps arrived at the current grid barrier
         self.g_release: int | None = None  # tick at which a completed grid barrier releases
         self.items_taken = 0  # persistent kernel: the global work-queue counter
-        self.next_cta = 0
         self.rr_pointer = 0  # round-robin dispatch pointer, in dispatch-rank space
-        # closed-loop dispatch: per SM, the estimated duration of a CTA there (ticks); kept under
-        # every policy (only closed_loop reads it). `est_log` records every update as
-        # (tick, sm, cta, duration, est after) for inspection; it is not an output of section 10.
-        self.est = [ema_prior_ticks] * n_sm
+        # every closed-loop estimate update as (tick, sm, cta, duration, est after), for
+        # inspection; not an output of section 10 (the estimates are kept under every policy)
         self.est_log: list[tuple[int, int, int, int, int]] = []
         self.completed = 0
+        self.cta_kernel = list(cta_kernel)  # launch of each CTA g
         self.cta_sm = [-1] * n_ctas
         self.cta_start = [-1] * n_ctas
         self.cta_end = [-1] * n_ctas
@@ -487,43 +495,114 @@ def dvfs_off_outputs(n_sm: int, trace_len: int) -> dict:
 
 # --- the simulation ----------------------------------------------------------------------------
 
+# `Launch` fields every launch of a workload shares: the chip, the clocks, the policies and the
+# CTA shape (section 13's launch checks make the shape equal, so occupancy is too).
+SHARED_FIELDS = ("tick_mhz", "sm_freq_mhz", "sm_enabled", "dispatch_rank", "warps_per_cta",
+                 "lanes_last_warp", "ctas_per_sm", "mio_depth", "warp_policy", "dispatch_policy",
+                 "dispatch_weight", "ema_alpha_256", "ema_prior_ticks", "cta_launch_ticks")
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Section 13's workload-level integers as Python values (`workload.WorkloadLaunch` with
+    numpy leaves converts with `Plan.of`): per launch the submit tick, the dependencies (earlier
+    launch indices), the grid and the global index of its CTA 0; the launch gap."""
+
+    submit_ticks: tuple[int, ...]
+    gap_ticks: int
+    deps: tuple[tuple[int, ...], ...]
+    grid_ctas: tuple[int, ...]
+    cta_base: tuple[int, ...]
+
+    @staticmethod
+    def of(workload_launch) -> Plan:
+        ints = lambda a: tuple(int(v) for v in np.asarray(a).reshape(-1))  # noqa: E731
+        deps = np.asarray(workload_launch.deps, dtype=bool)
+        return Plan(submit_ticks=ints(workload_launch.submit_ticks),
+                    gap_ticks=int(np.asarray(workload_launch.gap_ticks)),
+                    deps=tuple(tuple(int(d) for d in np.flatnonzero(row)) for row in deps),
+                    grid_ctas=ints(workload_launch.grid_ctas),
+                    cta_base=ints(workload_launch.cta_base))
+
+    @staticmethod
+    def single(n_ctas: int) -> Plan:
+        """One launch with no overhead: `simulate(arch, kernel)` (section 13)."""
+        return Plan(submit_ticks=(0,), gap_ticks=0, deps=((),), grid_ctas=(n_ctas,), cta_base=(0,))
+
+
+class KernelRun:
+    """One launch of a workload: its program and variation parameters (its own `Launch`) and
+    section 13's per-launch state (next CTA, completions, ready / start / end ticks, the closed
+    loop's estimates `est_{l,s}`)."""
+
+    def __init__(self, index: int, launch, plan: Plan, n_sm: int) -> None:
+        i = lambda v: int(np.asarray(v))  # noqa: E731
+        self.index = index
+        self.prog = Program(launch)
+        self.n_ctas = i(launch.n_ctas)
+        self.base = plan.cta_base[index]
+        self.submit = plan.submit_ticks[index]
+        self.deps = plan.deps[index]
+        self.trips = i(launch.trips)
+        self.cta_spread = i(launch.trips_cta_spread)
+        self.warp_spread = i(launch.trips_warp_spread)
+        self.branch_threshold = i(launch.branch_threshold)
+        self.seed = i(launch.seed)
+        self.grid_sync_ticks = i(launch.grid_sync_ticks)
+        self.work_items = i(launch.work_items)
+        self.next = 0  # local index of the next CTA to dispatch
+        self.completed = 0
+        self.ready: int | None = None  # unknown until every dependency has completed
+        self.start = -1  # tick of the first CTA's dispatch
+        self.end = -1  # tick of the last CTA's completion
+        # closed loop: per SM, the estimated duration of one of this launch's CTAs there (ticks)
+        self.est = [i(launch.ema_prior_ticks)] * n_sm
+
+    @property
+    def complete(self) -> bool:
+        return self.completed == self.n_ctas
+
+    @property
+    def left(self) -> int:
+        """CTAs still to dispatch."""
+        return self.n_ctas - self.next
+
 
 class _Sim:
-    """One run of a `Launch`; methods follow the sections of docs/model.md."""
+    """One run of a workload (a single kernel is a workload of one launch); methods follow the
+    sections of docs/model.md."""
 
-    def __init__(self, launch, shapes) -> None:
+    def __init__(self, launches: list, plan: Plan, shapes) -> None:
+        if not launches or len(plan.grid_ctas) != len(launches):
+            raise ValueError(f"{len(launches)} launches, the plan has {len(plan.grid_ctas)}")
+        first = launches[0]
+        for l, launch in enumerate(launches[1:], start=1):
+            for field in SHARED_FIELDS:
+                if not np.array_equal(np.asarray(getattr(launch, field)), np.asarray(getattr(first, field))):
+                    raise ValueError(f"launch {l}'s {field} differs from launch 0's: the launches "
+                                     "of a workload share the chip, clocks, policies and CTA shape")
         self.shapes = shapes
         self.S = shapes.schedulers
         self.Q = shapes.warp_slots // shapes.schedulers
-        self.prog = Program(launch)
-        self.F = int(launch.tick_mhz)
-        self.n_ctas = int(launch.n_ctas)
-        self.W = int(launch.warps_per_cta)
-        self.lanes_last_warp = int(launch.lanes_last_warp)
-        self.ctas_per_sm = int(launch.ctas_per_sm)
-        self.mio_depth = int(launch.mio_depth)
-        self.warp_policy = int(launch.warp_policy)
-        self.dispatch_policy = int(launch.dispatch_policy)
+        self.F = int(first.tick_mhz)
+        self.W = int(first.warps_per_cta)
+        self.lanes_last_warp = int(first.lanes_last_warp)
+        self.ctas_per_sm = int(first.ctas_per_sm)
+        self.mio_depth = int(first.mio_depth)
+        self.warp_policy = int(first.warp_policy)
+        self.dispatch_policy = int(first.dispatch_policy)
         if not 0 <= self.dispatch_policy <= DISPATCH_CLOSED_LOOP:
             raise ValueError(f"unknown dispatch policy {self.dispatch_policy}")
-        self.ema_alpha_256 = int(launch.ema_alpha_256)
+        self.ema_alpha_256 = int(first.ema_alpha_256)
         if not 0 <= self.ema_alpha_256 <= EMA_ONE:
             raise ValueError(f"ema_alpha_256 = {self.ema_alpha_256} outside 0..{EMA_ONE}")
-        self.ema_prior_ticks = int(launch.ema_prior_ticks)
-        self.trips = int(launch.trips)
-        self.cta_spread = int(launch.trips_cta_spread)
-        self.warp_spread = int(launch.trips_warp_spread)
-        self.branch_threshold = int(launch.branch_threshold)
-        self.seed = int(launch.seed)
-        self.grid_sync_ticks = int(launch.grid_sync_ticks)
-        self.cta_launch_ticks = int(launch.cta_launch_ticks)
+        self.cta_launch_ticks = int(first.cta_launch_ticks)
         if self.cta_launch_ticks < 0:
             raise ValueError(f"cta_launch_ticks = {self.cta_launch_ticks} < 0")
-        self.work_items = int(launch.work_items)
-        freq = [int(v) for v in np.asarray(launch.sm_freq_mhz).reshape(-1)]
-        enabled = [bool(v) for v in np.asarray(launch.sm_enabled).reshape(-1)]
-        rank = [int(v) for v in np.asarray(launch.dispatch_rank).reshape(-1)]
-        weight = [int(v) for v in np.asarray(launch.dispatch_weight).reshape(-1)]
+        freq = [int(v) for v in np.asarray(first.sm_freq_mhz).reshape(-1)]
+        enabled = [bool(v) for v in np.asarray(first.sm_enabled).reshape(-1)]
+        rank = [int(v) for v in np.asarray(first.dispatch_rank).reshape(-1)]
+        weight = [int(v) for v in np.asarray(first.dispatch_weight).reshape(-1)]
         if len(freq) != shapes.n_sm:
             raise ValueError(f"launch has {len(freq)} SM slots, shapes.n_sm = {shapes.n_sm}")
         if self.ctas_per_sm < 1 or self.ctas_per_sm > shapes.cta_slots:
@@ -537,16 +616,41 @@ class _Sim:
         if (self.dispatch_policy == DISPATCH_WEIGHTED
                 and any(sm.weight < 1 for sm in self.enabled_sms)):
             raise ValueError("weighted dispatch needs a weight >= 1 on every enabled SM")
-        self.check_launch_modes()
-        self.chip = Chip(self.n_ctas, shapes.n_sm, self.ema_prior_ticks)
-        mode = int(launch.dvfs.mode)
+        # section 13: the launches, their CTAs numbered globally g = base_l + c
+        self.kernels = [KernelRun(l, launch, plan, shapes.n_sm) for l, launch in enumerate(launches)]
+        self.gap_ticks = plan.gap_ticks
+        self.check_plan(plan)
+        for kernel in self.kernels:
+            self.check_launch_modes(kernel)
+        self.n_ctas = sum(kernel.n_ctas for kernel in self.kernels)
+        self.chip = Chip([kernel.index for kernel in self.kernels for _ in range(kernel.n_ctas)])
+        mode = int(first.dvfs.mode)
         if mode not in (DVFS_OFF, DVFS_ON, DVFS_LOCK):
             raise ValueError(f"unknown DVFS mode {mode}")
         # section 12: with DVFS off the static map is f_s for the whole run
-        self.dvfs = None if mode == DVFS_OFF else Dvfs(launch.dvfs, self.sms, self.F, shapes.trace_len)
+        self.dvfs = None if mode == DVFS_OFF else Dvfs(first.dvfs, self.sms, self.F, shapes.trace_len)
         self.clock_log: list[list[int]] | None = None  # f_s of every tick, when asked for
+        self.update_ready()  # launches without dependencies are ready before tick 0
 
-    def check_launch_modes(self) -> None:
+    def check_plan(self, plan: Plan) -> None:
+        """Section 13's workload invariants (`workload.validate_structure` reports them as
+        `JaxschedError` earlier): grids and bases agree, dependencies are earlier launches,
+        ticks are not negative, a cooperative or persistent kernel is the only launch."""
+        base = 0
+        for kernel in self.kernels:
+            if plan.grid_ctas[kernel.index] != kernel.n_ctas or kernel.base != base:
+                raise ValueError(f"launch {kernel.index}: the plan's grid / base disagree with its Launch")
+            base += kernel.n_ctas
+            if any(not 0 <= d < kernel.index for d in kernel.deps):
+                raise ValueError(f"launch {kernel.index} depends on {kernel.deps}: not all earlier launches")
+            if kernel.submit < 0:
+                raise ValueError(f"launch {kernel.index}: submit tick {kernel.submit} < 0")
+        if self.gap_ticks < 0:
+            raise ValueError(f"gap_ticks = {self.gap_ticks} < 0")
+        if len(self.kernels) > 1 and any(k.work_items > 0 or any(k.prog.grid_sync) for k in self.kernels):
+            raise ValueError("a cooperative (gsync) or persistent kernel must be the workload's only launch")
+
+    def check_launch_modes(self, kernel: KernelRun) -> None:
         """Section 9's launch checks, as invariants of the `Launch` the rules below rely on.
 
         `simulate` reports them as `JaxschedError` earlier (the kernel parser and
@@ -554,52 +658,74 @@ class _Sim:
         barrier counts the live warps of the resident CTAs and releases every warp at a
         barrier, which is the grid's arrivals only if every CTA is resident and no CTA barrier
         exists; a persistent kernel takes its work items at the loop's back-edge."""
-        prog = self.prog
+        prog = kernel.prog
         bars = [i for i, op in enumerate(prog.op) if op == Op.BAR]
         if any(prog.grid_sync[i] for i in bars):
             if not all(prog.grid_sync[i] for i in bars):
                 raise ValueError("a program may not mix CTA barriers (bar) and grid barriers (gsync)")
-            if self.n_ctas > self.ctas_per_sm * self.n_enabled:
+            if kernel.n_ctas > self.ctas_per_sm * self.n_enabled:
                 raise ValueError(
-                    f"grid barriers need every CTA co-resident: {self.n_ctas} CTAs > "
+                    f"grid barriers need every CTA co-resident: {kernel.n_ctas} CTAs > "
                     f"{self.ctas_per_sm} per SM x {self.n_enabled} SMs")
-        if self.work_items < 0:
-            raise ValueError(f"work_items = {self.work_items} < 0")
-        if self.work_items > 0 and prog.loop_end < 0:
+        if kernel.work_items < 0:
+            raise ValueError(f"work_items = {kernel.work_items} < 0")
+        if kernel.work_items > 0 and prog.loop_end < 0:
             raise ValueError("a persistent kernel (work_items > 0) needs a loop")
+
+    # section 13 --------------------------------------------------------------------------------
+
+    def update_ready(self) -> None:
+        """Every launch whose ready tick is unknown and whose dependencies have all completed
+        gets `ready = max(submit, max_d (end_d + 1)) + gap` (before tick 0, and after the CTA
+        completions of every tick's SM cycles)."""
+        for kernel in self.kernels:
+            if kernel.ready is None and all(self.kernels[d].complete for d in kernel.deps):
+                kernel.ready = max([kernel.submit] + [self.kernels[d].end + 1 for d in kernel.deps]) \
+                    + self.gap_ticks
+
+    def head_launch(self, k: int) -> KernelRun | None:
+        """The launch whose CTAs dispatch next: among those ready by tick `k` with CTAs left to
+        dispatch, the smallest `(ready, l)` (the leftover policy)."""
+        heads = [kernel for kernel in self.kernels
+                 if kernel.ready is not None and kernel.ready <= k and kernel.left > 0]
+        return min(heads, key=lambda kernel: (kernel.ready, kernel.index), default=None)
 
     # section 9 ---------------------------------------------------------------------------------
 
-    def take_item(self, sm: SM) -> bool:
+    def take_item(self, sm: SM, kernel: KernelRun) -> bool:
         """A persistent kernel's `atomicAdd` on the global queue counter by a warp of `sm`:
         True (and the item is counted) if an item was left."""
-        if self.chip.items_taken >= self.work_items:
+        if self.chip.items_taken >= kernel.work_items:
             return False
         self.chip.items_taken += 1
         sm.items += 1
         return True
 
-    def launch_warp(self, sm: SM, warp: Warp, c: int, w: int, cta_slot: int) -> None:
-        """Make `warp` warp `w` of CTA `c`: variation from section 4, pc 0 resolved, ready 0.
+    def launch_warp(self, sm: SM, warp: Warp, kernel: KernelRun, g: int, w: int, cta_slot: int) -> None:
+        """Make `warp` warp `w` of global CTA `g` of `kernel`: variation from section 4 with the
+        launch's parameters and local index `c = g - base`, pc 0 resolved, ready 0, age
+        `32 g + w`.
 
         In a persistent kernel the warp takes its first work item here instead of a trip
         count: one trip if it got one, else zero (it skips the loop)."""
+        c = g - kernel.base
         warp.active = True
+        warp.kernel = kernel
         warp.cta_slot = cta_slot
         warp.lanes = warp_lanes(w, self.W, self.lanes_last_warp)
-        if self.work_items > 0:
-            warp.trips_left = 1 if self.take_item(sm) else 0
+        if kernel.work_items > 0:
+            warp.trips_left = 1 if self.take_item(sm, kernel) else 0
         else:
-            warp.trips_left = warp_trips(self.seed, self.trips, self.cta_spread, self.warp_spread,
-                                         c, w)
-        warp.if_lanes = warp_if_lanes(self.seed, self.branch_threshold, c, w, warp.lanes)
+            warp.trips_left = warp_trips(kernel.seed, kernel.trips, kernel.cta_spread,
+                                         kernel.warp_spread, c, w)
+        warp.if_lanes = warp_if_lanes(kernel.seed, kernel.branch_threshold, c, w, warp.lanes)
         warp.else_lanes = warp.lanes - warp.if_lanes
-        warp.age = 32 * c + w
+        warp.age = 32 * g + w
         warp.at_barrier = False
         warp.ready_fixed = 0
         warp.ready_mio = 0
         warp.ready_mem = 0
-        warp.pc = self.prog.resolve(0, warp.trips_left, warp.if_lanes, warp.else_lanes)
+        warp.pc = kernel.prog.resolve(0, warp.trips_left, warp.if_lanes, warp.else_lanes)
 
     def usable_slots(self, sm: SM) -> list[int]:
         """Section 9: the CTA slots of `sm` that can take a CTA at the current tick: free, below
@@ -607,9 +733,10 @@ class _Sim:
         return [j for j in range(self.ctas_per_sm)
                 if sm.cta_id[j] < 0 and sm.usable[j] <= self.now]
 
-    def pick_sm(self) -> SM | None:
-        """The SM the next CTA goes to, or None if no enabled SM has a usable free CTA slot (or
-        the closed loop holds). "Room" and "free slots" count usable free slots only."""
+    def pick_sm(self, kernel: KernelRun) -> SM | None:
+        """The SM the next CTA of the head launch `kernel` goes to, or None if no enabled SM has
+        a usable free CTA slot (or the closed loop holds). "Room" and "free slots" count usable
+        free slots only, whatever launch occupies the others."""
         room = {sm.index: len(self.usable_slots(sm)) for sm in self.enabled_sms}
         free = [sm for sm in self.enabled_sms if room[sm.index] > 0]
         if not free:
@@ -619,22 +746,23 @@ class _Sim:
             # most usable free CTA slots, ties to the lowest dispatch rank
             return min(free, key=lambda sm: (-room[sm.index], sm.rank))
         if policy == DISPATCH_ROUND_ROBIN:
-            # first SM with a free slot at or after the pointer, in (cyclic) rank order
+            # first SM with a free slot at or after the (shared) pointer, in (cyclic) rank order
             ptr = self.chip.rr_pointer
             sm = min(free, key=lambda sm: (sm.rank - ptr) % self.n_enabled)
             self.chip.rr_pointer = (sm.rank + 1) % self.n_enabled
             return sm
         if policy == DISPATCH_LEAST_LOADED:
-            # fewest live warps now (CTAs placed earlier in this dispatch loop count W each),
-            # ties to the lowest rank
+            # fewest live warps now, of every launch (CTAs placed earlier in this dispatch loop
+            # count W each), ties to the lowest rank
             return min(free, key=lambda sm: (self.live_warps(sm), sm.rank))
         if policy == DISPATCH_WEIGHTED:
             # highest floor(weight * 65536 / (resident + 1)), ties to the lowest rank
             return min(free, key=lambda sm: (-(sm.weight * WEIGHT_ONE // (sm.resident + 1)),
                                              sm.rank))
-        # closed loop: smallest censored estimate, then most usable free CTA slots, then the
-        # lowest rank; in the tail it holds the CTA if the CTAs left fit in clearly better slots.
-        e = self.censored
+        # closed loop, with the head launch's censored estimates: smallest estimate, then most
+        # usable free CTA slots, then the lowest rank; in the tail it holds the CTA if the
+        # launch's CTAs left fit in clearly better slots (occupied by any launch, or launching).
+        e = self.censored[kernel.index]
         cand = min(free, key=lambda sm: (e[sm.index], -room[sm.index], sm.rank))
         target = self.now + e[cand.index]
         margin = e[cand.index] // 8
@@ -648,7 +776,7 @@ class _Sim:
                 u = sm.usable[j]
                 if sm.cta_id[j] < 0 and u > self.now and u + es + margin < target:
                     better += 1
-        if self.n_ctas - self.chip.next_cta <= better:
+        if kernel.left <= better:
             return None
         return cand
 
@@ -657,42 +785,54 @@ class _Sim:
         """Active (not exited) warps resident on `sm`, summed over its CTAs."""
         return sum(live for cta, live in zip(sm.cta_id, sm.live) if cta >= 0)
 
-    def learn(self, sm: SM, cta: int, t0: int, k: int) -> None:
-        """Section 9, closed loop: CTA `cta`, started at tick `t0`, completed on `sm` at tick `k`:
-        `est += floor(a * (k - t0 - est) / 256)` (Python floor division, negative values too)."""
-        est = self.chip.est[sm.index]
+    def learn(self, sm: SM, kernel: KernelRun, g: int, t0: int, k: int) -> None:
+        """Section 9, closed loop (per launch, section 13): CTA `g` of `kernel`, started at tick
+        `t0`, completed on `sm` at tick `k`: `est_{l,s} += floor(a * (k - t0 - est_{l,s}) / 256)`
+        (Python floor division, negative values too)."""
+        est = kernel.est[sm.index]
         est += (self.ema_alpha_256 * (k - t0 - est)) // EMA_ONE
-        self.chip.est[sm.index] = est
-        self.chip.est_log.append((k, sm.index, cta, k - t0, est))
+        kernel.est[sm.index] = est
+        self.chip.est_log.append((k, sm.index, g, k - t0, est))
 
-    def dispatch(self, k: int) -> None:
-        """Section 9: place CTAs in grid order, one at a time, while some SM has room (closed
-        loop: and it does not hold)."""
-        chip = self.chip
-        self.now = k
-        # closed loop's censored estimates e_s = max(est_s, k - earliest start of a resident CTA)
-        self.censored = [
-            max(chip.est[sm.index],
-                max((k - t0 for cta, t0 in zip(sm.cta_id, sm.start) if cta >= 0), default=0))
+    def censored_estimates(self, kernel: KernelRun, k: int) -> list[int]:
+        """`e_s = max(est_{l,s}, k - t_s)` of launch `l` = `kernel` at tick `k`, `t_s` the
+        earliest start of its CTAs resident on `s` (the term is 0 if it has none there)."""
+        return [
+            max(kernel.est[sm.index],
+                max((k - t0 for cta, t0 in zip(sm.cta_id, sm.start)
+                     if cta >= 0 and self.chip.cta_kernel[cta] == kernel.index), default=0))
             for sm in self.sms
         ]
-        while chip.next_cta < self.n_ctas:
-            sm = self.pick_sm()
+
+    def dispatch(self, k: int) -> None:
+        """Sections 9 and 13: place the head launch's CTAs in grid order, one at a time, then the
+        next head launch's, while some SM has room (closed loop: and it does not hold)."""
+        chip = self.chip
+        self.now = k
+        # the censored estimates of every launch that may dispatch, as the tick's dispatch begins
+        self.censored = {
+            kernel.index: self.censored_estimates(kernel, k) for kernel in self.kernels
+            if kernel.ready is not None and kernel.ready <= k and kernel.left > 0
+        }
+        while (kernel := self.head_launch(k)) is not None:
+            sm = self.pick_sm(kernel)
             if sm is None:
                 break
-            c = chip.next_cta
-            chip.next_cta += 1
+            g = kernel.base + kernel.next
+            if kernel.next == 0:
+                kernel.start = k
+            kernel.next += 1
             j = self.usable_slots(sm)[0]  # lowest usable free CTA slot
-            sm.cta_id[j] = c
+            sm.cta_id[j] = g
             sm.live[j] = self.W
             sm.start[j] = k
             sm.arrivals[j] = 0
             sm.resident += 1
             sm.ctas += 1
             for w in range(self.W):
-                self.launch_warp(sm, sm.warps[j * self.W + w], c, w, j)
-            chip.cta_sm[c] = sm.index
-            chip.cta_start[c] = k
+                self.launch_warp(sm, sm.warps[j * self.W + w], kernel, g, w, j)
+            chip.cta_sm[g] = sm.index
+            chip.cta_start[g] = k
 
     # section 7 ---------------------------------------------------------------------------------
 
@@ -705,7 +845,7 @@ class _Sim:
         `m` of later issues) but does not throttle a warp already found eligible."""
         if warp.at_barrier:
             return BARRIER
-        prog = self.prog
+        prog = warp.kernel.prog
         i = warp.pc
         if prog.dep[i]:
             if k < warp.ready_mem:
@@ -735,8 +875,10 @@ class _Sim:
         raise ValueError(f"unknown warp policy {self.warp_policy}")
 
     def issue(self, sm: SM, sched: int, warp: Warp, k: int, c: int) -> None:
-        """Section 7, "Issue": one instruction of `warp` on scheduler `sched` at cycle c, tick k."""
-        prog = self.prog
+        """Section 7, "Issue": one instruction of `warp` (its launch's program) on scheduler
+        `sched` at cycle c, tick k."""
+        kernel = warp.kernel
+        prog = kernel.prog
         chip = self.chip
         i = warp.pc
         op = prog.op[i]
@@ -766,9 +908,9 @@ class _Sim:
         sm.issued += 1
         sm.issued_op[op] += 1
         sm.active_lanes += prog.active_lanes(i, warp.lanes, warp.if_lanes, warp.else_lanes)
-        if i == prog.loop_end and self.work_items > 0:
+        if i == prog.loop_end and kernel.work_items > 0:
             # persistent kernel: the back-edge takes the next work item (trips_left stays 1)
-            warp.pc = prog.loop_start if self.take_item(sm) else i + 1
+            warp.pc = prog.loop_start if self.take_item(sm, kernel) else i + 1
         elif i == prog.loop_end and warp.trips_left > 1:
             warp.trips_left -= 1
             warp.pc = prog.loop_start
@@ -776,6 +918,25 @@ class _Sim:
             warp.pc = i + 1
         if warp.active:  # an exited warp's pc no longer matters (it may point past the program)
             warp.pc = prog.resolve(warp.pc, warp.trips_left, warp.if_lanes, warp.else_lanes)
+
+    def complete_cta(self, sm: SM, j: int, k: int) -> None:
+        """CTA slot `j` of `sm` completes at tick `k`: the CTA's end tick, its launch's
+        completion count (and end tick, after its last CTA), the launch's closed-loop estimate
+        on this SM, and the slot frees (usable again `cta_launch_ticks` later)."""
+        g = sm.cta_id[j]
+        kernel = self.kernels[self.chip.cta_kernel[g]]
+        self.chip.cta_end[g] = k
+        self.chip.completed += 1
+        kernel.completed += 1
+        if kernel.complete:
+            kernel.end = k
+        self.learn(sm, kernel, g, sm.start[j], k)  # slots in order j = 0, 1, ...
+        sm.cta_id[j] = -1
+        sm.arrivals[j] = 0
+        sm.resident -= 1
+        sm.usable[j] = k + self.cta_launch_ticks  # section 9: the launch path's latency
+        for w in range(self.W):
+            sm.warps[j * self.W + w].active = False
 
     def sm_cycle(self, sm: SM, k: int) -> None:
         """Section 7: one cycle of SM `sm` at tick `k` (cycle index `sm.cycle`)."""
@@ -821,15 +982,7 @@ class _Sim:
                     sm.warps[j * self.W + w].at_barrier = False
                 sm.arrivals[j] = 0
             if sm.live[j] == 0:
-                self.chip.cta_end[cta] = k
-                self.chip.completed += 1
-                self.learn(sm, cta, sm.start[j], k)  # slots in order j = 0, 1, ...
-                sm.cta_id[j] = -1
-                sm.arrivals[j] = 0
-                sm.resident -= 1
-                sm.usable[j] = k + self.cta_launch_ticks  # section 9: the launch path's latency
-                for w in range(self.W):
-                    sm.warps[j * self.W + w].active = False
+                self.complete_cta(sm, j, k)
         # 4. the MIO backlog serves one instruction-cycle
         sm.mio = max(0, sm.mio - 1)
         sm.cycle += 1
@@ -839,13 +992,14 @@ class _Sim:
     def grid_barrier(self, k: int) -> None:
         """Section 8, step 1b: when every live warp of the grid has arrived at a grid barrier
         (and no release is pending), it releases `grid_sync_ticks` later; a release due at `k`
-        frees every warp at a barrier (they issue from their SM's next cycle)."""
+        frees every warp at a barrier (they issue from their SM's next cycle). Only a workload
+        of one launch can have grid barriers (section 13)."""
         chip = self.chip
         if chip.g_arrived > 0 and chip.g_release is None:
             live = sum(sum(sm.live[j] for j, cta in enumerate(sm.cta_id) if cta >= 0)
                        for sm in self.sms)
             if chip.g_arrived == live:
-                chip.g_release = k + self.grid_sync_ticks
+                chip.g_release = k + self.kernels[0].grid_sync_ticks
                 chip.g_arrived = 0
         if chip.g_release == k:
             for sm in self.sms:
@@ -854,8 +1008,9 @@ class _Sim:
             chip.g_release = None
 
     def tick(self, k: int) -> None:
-        """Section 8: SM cycles in SM index order, then the grid barrier, then dispatch, then
-        the queues drain, then the DVFS step (if DVFS is on)."""
+        """Section 8: SM cycles in SM index order, then the launches' readiness (section 13),
+        then the grid barrier, then dispatch, then the queues drain, then the DVFS step (if DVFS
+        is on)."""
         if self.clock_log is not None:
             self.clock_log.append([sm.freq for sm in self.sms])
         for sm in self.sms:
@@ -865,6 +1020,7 @@ class _Sim:
             if sm.acc >= self.F:
                 sm.acc -= self.F
                 self.sm_cycle(sm, k)
+        self.update_ready()
         self.grid_barrier(k)
         self.dispatch(k)
         self.chip.q_l2 = max(0, self.chip.q_l2 - QUEUE_ONE_TICK)
@@ -873,7 +1029,8 @@ class _Sim:
             self.dvfs.step(k)
 
     def run(self, max_ticks: int) -> int:
-        """Run ticks until the tick in which the last CTA completes; return makespan_ticks."""
+        """Run ticks until the tick in which the last CTA of every launch has completed; return
+        makespan_ticks (measured from the host's first call, tick 0)."""
         for k in range(max_ticks):
             self.tick(k)
             if self.chip.completed == self.n_ctas:
@@ -881,11 +1038,11 @@ class _Sim:
         raise RuntimeError(
             f"reference simulation did not finish within max_ticks = {max_ticks} ticks "
             f"({self.chip.completed} of {self.n_ctas} CTAs completed, "
-            f"{self.chip.next_cta} dispatched); raise max_ticks"
+            f"{sum(kernel.next for kernel in self.kernels)} dispatched); raise max_ticks"
         )
 
     def outputs(self, makespan_ticks: int) -> dict:
-        """Section 10's and section 12's exact output arrays."""
+        """Section 10's, section 12's and section 13's exact output arrays."""
         i64 = lambda v: np.asarray(v, dtype=np.int64)  # noqa: E731
         n_sm = len(self.sms)
         dvfs = (self.dvfs.finish() if self.dvfs is not None
@@ -904,23 +1061,53 @@ class _Sim:
             "cta_sm": i64(self.chip.cta_sm),
             "cta_start_tick": i64(self.chip.cta_start),
             "cta_end_tick": i64(self.chip.cta_end),
+            "cta_kernel": i64(self.chip.cta_kernel),
+            "kernel_ready_tick": i64([kernel.ready for kernel in self.kernels]),
+            "kernel_start_tick": i64([kernel.start for kernel in self.kernels]),
+            "kernel_end_tick": i64([kernel.end for kernel in self.kernels]),
             **dvfs,
         }
+
+
+def simulate_workload(launches: list, plan: Plan, shapes, max_ticks: int = 10**7, *,
+                      dispatch_trace: bool = False, clock_trace: bool = False) -> dict:
+    """Run the launches of a workload (one `Launch` per launch, numpy leaves, all lowered with
+    the same chip, clocks and policies) under section 13's `plan`, tick by tick.
+
+    Returns `simulate_launch`'s keys, with the per-CTA arrays over the global CTA index `g`
+    (`Plan.cta_base`), plus `cta_kernel` ([n_ctas], the launch of each CTA) and per launch
+    `kernel_ready_tick`, `kernel_start_tick` (its first CTA's dispatch) and `kernel_end_tick`
+    (its last CTA's completion) ([L]). `dispatch_trace=True` adds `dispatch_est` ([L, n_sm]:
+    each launch's closed-loop estimates at the end of the run) and `dispatch_est_log` (`cta`
+    is `g`); `clock_trace` as in `simulate_launch`.
+    """
+    sim = _Sim(list(launches), plan, shapes)
+    if clock_trace:
+        sim.clock_log = []
+    makespan = sim.run(max_ticks)
+    out = sim.outputs(makespan)
+    if dispatch_trace:
+        out["dispatch_est"] = np.asarray([kernel.est for kernel in sim.kernels], dtype=np.int64)
+        out["dispatch_est_log"] = list(sim.chip.est_log)
+    if clock_trace:
+        out["sm_mhz_per_tick"] = np.asarray(sim.clock_log, dtype=np.int64).reshape(makespan, len(sim.sms))
+    return out
 
 
 def simulate_launch(launch, shapes, max_ticks: int = 10**7, *,
                     dispatch_trace: bool = False, clock_trace: bool = False) -> dict:
     """Run one `Launch` (numpy leaves) tick by tick; return sections 10's and 12's exact output
-    arrays.
+    arrays (and section 13's for the workload of this one launch with no overhead).
 
     Keys: `makespan_ticks` (int); int64 arrays `sm_cycles`, `sm_busy_cycles`, `sm_items` (work
     items taken; 0 unless persistent), `sm_issued`, `sm_active_lanes`, `sm_warp_cycles`,
     `sm_ctas` ([n_sm]), `sm_issued_op` ([n_sm, 8], columns
     in `isa.Op` order), `sm_stalls` ([n_sm, 8], columns in `STALL_REASONS` order), `cta_sm`,
-    `cta_start_tick`, `cta_end_tick` ([n_ctas], grid order); section 12's `sm_energy_pj`,
-    `sm_clock_end_mhz`, `sm_temp_end_mk` ([n_sm]), `trace_tick` ([shapes.trace_len], -1 where
-    unused), `trace_mhz`, `trace_mw`, `trace_mk` ([trace_len, n_sm], 0 where unused); with DVFS
-    off all of these are 0 (trace ticks -1).
+    `cta_start_tick`, `cta_end_tick`, `cta_kernel` (all 0) ([n_ctas], grid order);
+    `kernel_ready_tick` (0), `kernel_start_tick`, `kernel_end_tick` ([1]); section 12's
+    `sm_energy_pj`, `sm_clock_end_mhz`, `sm_temp_end_mk` ([n_sm]), `trace_tick`
+    ([shapes.trace_len], -1 where unused), `trace_mhz`, `trace_mw`, `trace_mk` ([trace_len,
+    n_sm], 0 where unused); with DVFS off all of these are 0 (trace ticks -1).
     Debugging aids (not outputs of the model): `dispatch_trace=True` adds `dispatch_est` (int64
     [n_sm], the closed-loop estimates at the end of the run, kept under every policy) and
     `dispatch_est_log` (every estimate update in order, as `(tick, sm, cta, duration, est
@@ -928,16 +1115,10 @@ def simulate_launch(launch, shapes, max_ticks: int = 10**7, *,
     each SM's phase accumulator added in each tick).
     Raises RuntimeError if the last CTA has not completed after `max_ticks` ticks.
     """
-    sim = _Sim(launch, shapes)
-    if clock_trace:
-        sim.clock_log = []
-    makespan = sim.run(max_ticks)
-    out = sim.outputs(makespan)
+    out = simulate_workload([launch], Plan.single(int(launch.n_ctas)), shapes, max_ticks,
+                            dispatch_trace=dispatch_trace, clock_trace=clock_trace)
     if dispatch_trace:
-        out["dispatch_est"] = np.asarray(sim.chip.est, dtype=np.int64)
-        out["dispatch_est_log"] = list(sim.chip.est_log)
-    if clock_trace:
-        out["sm_mhz_per_tick"] = np.asarray(sim.clock_log, dtype=np.int64).reshape(makespan, len(sim.sms))
+        out["dispatch_est"] = out["dispatch_est"][0]
     return out
 
 
@@ -960,21 +1141,30 @@ def simulate(
 ) -> dict:
     """Validate, lower and run one configuration with the reference.
 
-    `dispatch_weight` ([n_sm] integers, default each SM's clock in MHz), `ema_alpha` and
-    `ema_prior_ns` parameterise the weighted and closed-loop dispatch policies (model.md
-    sections 3 and 9). `dvfs` (a `jaxsched.dvfs.Dvfs`, default static clocks) turns on section
-    12, with `clocks` as the static map `cap_s`; `trace_len` is the number of trace rows.
-    Returns `simulate_launch`'s arrays plus `makespan_ns = makespan_ticks * 1000 / F` and
+    `kernel` is a `Kernel` (one launch, no launch overhead) or a `jaxsched.workload.Workload`
+    (section 13: every launch's kernel is lowered on its own with the same chip, clocks,
+    policies and DVFS, so they share the tick rate). `dispatch_weight` ([n_sm] integers,
+    default each SM's clock in MHz), `ema_alpha` and `ema_prior_ns` parameterise the weighted
+    and closed-loop dispatch policies (model.md sections 3 and 9). `dvfs` (a
+    `jaxsched.dvfs.Dvfs`, default static clocks) turns on section 12, with `clocks` as the
+    static map `cap_s`; `trace_len` is the number of trace rows.
+    Returns `simulate_workload`'s arrays plus `makespan_ns = makespan_ticks * 1000 / F` and
     `makespan_cycles = makespan_ns * boost_clock_ghz` (floats; section 2).
     """
     # The shared lowering is written in jax.numpy; only this convenience wrapper needs it.
     from . import clocks as clocks_mod
     from . import dvfs as dvfs_mod
     from . import lower as lower_mod
+    from . import workload as workload_mod
 
+    is_workload = isinstance(kernel, workload_mod.Workload)
+    kernels = list(kernel.kernels) if is_workload else [kernel]
     if clocks is None:
         clocks = clocks_mod.uniform(arch)
-    lower_mod.validate(arch, kernel, clocks)
+    if is_workload:
+        workload_mod.validate_structure(kernel)
+    for one in kernels:
+        lower_mod.validate(arch, one, clocks)
     lower_mod.validate_dispatch(arch, dispatch_weight, ema_alpha, ema_prior_ns)
     if dvfs is not None:
         dvfs_mod.validate_dvfs(dvfs)
@@ -982,13 +1172,19 @@ def simulate(
           trace_len, "an integer number of trace rows in 0 .. 2^20")
     wp = lower_mod.policy_index(warp_policy, lower_mod.WARP_POLICIES, "warp_policy")
     dp = lower_mod.policy_index(dispatch, lower_mod.DISPATCH_POLICIES, "dispatch")
-    launch = lower_mod.to_numpy(lower_mod.lower(
-        arch, kernel, clocks, wp, dp, dispatch_start, dispatch_weight=dispatch_weight,
-        ema_alpha=ema_alpha, ema_prior_ns=ema_prior_ns, dvfs=dvfs))
-    shapes = dataclasses.replace(lower_mod.shapes_for(arch, kernel), trace_len=int(trace_len))
-    out = simulate_launch(launch, shapes, max_ticks=max_ticks, dispatch_trace=dispatch_trace,
-                          clock_trace=clock_trace)
-    tick_mhz = int(launch.tick_mhz)
+    launches = [lower_mod.to_numpy(lower_mod.lower(
+        arch, one, clocks, wp, dp, dispatch_start, dispatch_weight=dispatch_weight,
+        ema_alpha=ema_alpha, ema_prior_ns=ema_prior_ns, dvfs=dvfs)) for one in kernels]
+    tick_mhz = int(launches[0].tick_mhz)
+    shapes = dataclasses.replace(lower_mod.shapes_for(arch, kernels[0]), trace_len=int(trace_len),
+                                 n_instr=max(one.n_instr for one in kernels),
+                                 max_ctas=sum(int(one.grid_ctas) for one in kernels))
+    plan = (Plan.of(lower_mod.to_numpy(workload_mod.lower_workload(kernel, arch, tick_mhz)))
+            if is_workload else Plan.single(int(launches[0].n_ctas)))
+    out = simulate_workload(launches, plan, shapes, max_ticks=max_ticks,
+                            dispatch_trace=dispatch_trace, clock_trace=clock_trace)
+    if dispatch_trace and not is_workload:
+        out["dispatch_est"] = out["dispatch_est"][0]
     out["makespan_ns"] = out["makespan_ticks"] * 1000.0 / tick_mhz
     out["makespan_cycles"] = out["makespan_ns"] * float(arch.boost_clock_ghz)
     return out

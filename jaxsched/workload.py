@@ -147,18 +147,38 @@ class WorkloadLaunch(eqx.Module):
 def lower_workload(workload: Workload, arch: Arch, tick_mhz: Int[Array, ""]) -> WorkloadLaunch:
     """Workload-level lowering at tick rate `tick_mhz` (float64 under `enable_x64`, rounding to
     nearest as section 3). Traceable in the kernels' numbers and the overheads."""
+    api_ns, gap_ns = overheads_ns(workload, arch)
+    grid = jnp.stack([jnp.asarray(k.grid_ctas, jnp.int32) for k in workload.kernels])
+    return lower_launches(grid, dependency_matrix(workload), workload.mode == "graph", api_ns, gap_ns, tick_mhz)
+
+
+def dependency_matrix(workload: Workload) -> Bool[np.ndarray, "launch launch"]:
+    """`deps[l, d]`: launch `l` waits for launch `d` (its stream's previous launch and `after`)."""
+    n = workload.n_launches
+    deps = np.zeros((n, n), bool)
+    for l, ds in enumerate(workload.dependencies()):
+        deps[l, list(ds)] = True
+    return deps
+
+
+def lower_launches(
+    grid_ctas: Int[Array, " launch"],
+    deps: Bool[Array, "launch launch"],
+    graph: Bool[Array, ""] | bool,
+    api_ns: Float[Array, ""],
+    gap_ns: Float[Array, ""],
+    tick_mhz: Int[Array, ""],
+) -> WorkloadLaunch:
+    """`lower_workload` from arrays: the dependencies and the mode may be traced too (one
+    compiled simulation serves every workload of `L` launches). `api_ns`, `gap_ns` are the
+    mode's overheads."""
     with jax.enable_x64(True):
         ticks_per_ns = jnp.asarray(tick_mhz).astype(jnp.float64) / 1000.0
-        api_ns, gap_ns = overheads_ns(workload, arch)
         api = jnp.round(jnp.asarray(api_ns, jnp.float64) * ticks_per_ns).astype(jnp.int32)
         gap = jnp.round(jnp.asarray(gap_ns, jnp.float64) * ticks_per_ns).astype(jnp.int32)
-        n = workload.n_launches
-        order = jnp.arange(1, n + 1, dtype=jnp.int32)
-        submit = order * api if workload.mode == "stream" else jnp.full(n, 1, jnp.int32) * api
-        deps = np.zeros((n, n), bool)
-        for l, ds in enumerate(workload.dependencies()):
-            deps[l, list(ds)] = True
-        grid = jnp.stack([jnp.asarray(k.grid_ctas, jnp.int32) for k in workload.kernels])
+        grid = jnp.asarray(grid_ctas, jnp.int32)
+        order = jnp.arange(1, grid.shape[-1] + 1, dtype=jnp.int32)
+        submit = jnp.where(graph, 1, order) * api  # one graph launch submits every node at once
         base = jnp.cumsum(grid) - grid
         return WorkloadLaunch(submit_ticks=submit, gap_ticks=gap, deps=jnp.asarray(deps),
                               grid_ctas=grid, cta_base=base.astype(jnp.int32))

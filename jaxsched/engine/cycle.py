@@ -15,6 +15,7 @@ from jaxtyping import Array, Bool, Int
 
 from ..isa import Op
 from ..lower import QUEUE_ONE_TICK, Launch, Shapes
+from .launches import Launches, per_launch_sum, single, update_ready, warp_program
 from .state import N_PIPES, State
 from .status import INF, SELECTED, WarpStatus, count_reasons, per_warp, warp_status
 from .variation import resolve_pc
@@ -87,23 +88,33 @@ def _ceil_ticks(queue: Array) -> Array:
 
 
 def _learn_cta_durations(
-    est: Int[Array, " sm"], complete: Bool[Array, "sm cta"], duration: Int[Array, "sm cta"], launch: Launch
-) -> Int[Array, " sm"]:
+    est: Int[Array, "launch sm"], complete: Bool[Array, "sm cta"], duration: Int[Array, "sm cta"],
+    slot_launch: Int[Array, "sm cta"], launch: Launch,
+) -> Int[Array, "launch sm"]:
     """Closed-loop dispatch's integer EMA of CTA durations, one completion at a time in CTA-slot
-    order (docs/model.md section 9). Only completions are observed, never the clocks."""
+    order (docs/model.md section 9); a completion updates its own launch's estimate (section
+    13). Only completions are observed, never the clocks."""
     a = launch.ema_alpha_256.astype(jnp.int64)
+    n_launches, sm = est.shape[0], jnp.arange(est.shape[1])
     for j in range(complete.shape[1]):
         d = duration[:, j].astype(jnp.int64)
-        est = jnp.where(complete[:, j], est + (a * (d - est)) // 256, est)
+        l = 0 if n_launches == 1 else jnp.clip(slot_launch[:, j], 0, n_launches - 1)
+        mine = est[0] if n_launches == 1 else est[l, sm]
+        mine = jnp.where(complete[:, j], mine + (a * (d - mine)) // 256, mine)
+        est = mine[None] if n_launches == 1 else est.at[l, sm].set(mine)
     return est
 
 
-def run_tick(state: State, launch: Launch, shapes: Shapes) -> State:
-    """Execute the SM cycles of tick `state.tick` (section 7) and complete CTAs; no dispatch."""
+def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches | None = None) -> State:
+    """Execute the SM cycles of tick `state.tick` (section 7), complete CTAs and launches, and
+    learn which launches became ready (section 13); no dispatch. `launches` defaults to
+    `launch` alone (one kernel, no launch overhead)."""
+    launches = single(launch, shapes) if launches is None else launches
     k = state.tick
     edge, acc = clock_edges(state, launch)
     c = state.cycle
-    st = warp_status(state, launch, shapes, c, k)
+    st = warp_status(state, launch, shapes, c, k, launches)
+    prog = warp_program(launches, state.warps.launch)
     sel, has, q_sel = select(state, launch, shapes, st, edge)
     w = state.warps
     op = st.op
@@ -138,16 +149,18 @@ def run_tick(state: State, launch: Launch, shapes: Shapes) -> State:
     )
 
     # Barrier arrival (CTA or grid), exit, loop back-edge (trip count or work queue), next pc.
+    # Grid barriers exist only in a workload's only launch (section 13), so launch 0's program
+    # says which barriers are grid-wide.
     arrive = sel & (op == Op.BAR)
     grid_arrive = arrive & launch.grid_sync[w.pc]
     exits = sel & (op == Op.EXIT)
-    at_end = sel & (w.pc == launch.loop_end)
+    at_end = sel & (w.pc == prog.loop_end)
     persistent = launch.work_items > 0
     take = _take_work_items(state, launch, shapes, at_end & persistent)
     back = jnp.where(persistent, take, at_end & (w.trips_left > 1))
     trips_left = jnp.where(back & ~persistent, w.trips_left - 1, w.trips_left)
     next_pc = resolve_pc(
-        launch, jnp.where(back, launch.loop_start, w.pc + 1), trips_left, w.if_lanes, w.lanes
+        prog, jnp.where(back, prog.loop_start, w.pc + 1), trips_left, w.if_lanes, w.lanes
     )
 
     cta_arrived = state.cta_arrived + _per_cta((arrive & ~grid_arrive).astype(jnp.int32), launch, shapes)
@@ -188,9 +201,17 @@ def run_tick(state: State, launch: Launch, shapes: Shapes) -> State:
         cta_end_tick=counters.cta_end_tick.at[end_ids.reshape(-1)].set(k, mode="drop"),
         sm_items=counters.sm_items + jnp.sum(take, axis=1, dtype=jnp.int64),
     )
+    # Launches complete with their last CTA; their successors learn when they may start.
+    done_now = per_launch_sum(complete.astype(jnp.int32), state.cta_launch, shapes.n_launches)
+    kernel_done = state.kernel_done + done_now
+    kernel_end = jnp.where(done_now > 0, k, state.kernel_end)
     return replace(
         state,
-        dispatch_est=_learn_cta_durations(state.dispatch_est, complete, k - state.cta_start, launch),
+        kernel_done=kernel_done,
+        kernel_end=kernel_end,
+        kernel_ready=update_ready(state.kernel_ready, kernel_done, kernel_end, launches),
+        dispatch_est=_learn_cta_durations(state.dispatch_est, complete, k - state.cta_start, state.cta_launch,
+                                          launch),
         acc=acc,
         cycle=c + edge,
         mio=jnp.where(edge, jnp.maximum(mio - 1, 0), state.mio),

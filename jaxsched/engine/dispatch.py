@@ -22,6 +22,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..lower import Launch, Shapes
+from .launches import Launches, head_launch, single, warp_program
 from .state import INF, State
 from .variation import resolve_pc, warp_variation
 
@@ -35,19 +36,31 @@ class Variation(NamedTuple):
     packed: Int[Array, "grid 32"]
 
 
-def variation_tables(launch: Launch, shapes: Shapes) -> Variation:
+def variation_tables(launch: Launch, shapes: Shapes, launches: Launches | None = None) -> Variation:
+    """Over the global CTA index g. With `launches`, `launch` holds the launches' lowerings
+    stacked on a leading axis, and CTA g varies by its own launch's numbers at its local index
+    (docs/model.md section 13); without, `launch` is the only launch."""
     cta = jnp.arange(shapes.max_ctas, dtype=jnp.int32)
     warp = jnp.arange(32, dtype=jnp.int32)
-    trips, _, if_lanes = jax.vmap(lambda c: warp_variation(launch, c, warp))(cta)
+    if launches is None:
+        trips, _, if_lanes = jax.vmap(lambda c: warp_variation(launch, c, warp))(cta)
+    else:
+        l = jnp.maximum(launches.cta_launch, 0)
+
+        def one(l: Array, c: Array) -> tuple[Array, Array, Array]:
+            return warp_variation(jax.tree.map(lambda x: x[l], launch), c, warp)
+
+        trips, _, if_lanes = jax.vmap(one)(l, cta - launches.cta_base[l])
     return Variation((trips << 6) | if_lanes)
 
 
 class _Slots(NamedTuple):
     cta_id: Int[Array, "sm cta"]
+    cta_launch: Int[Array, "sm cta"]
     resident: Int[Array, " sm"]
     live_warps: Int[Array, " sm"]
     start: Int[Array, "sm cta"]  # start tick of each slot's CTA (closed loop)
-    next_cta: Int[Array, ""]
+    next_cta: Int[Array, " launch"]
     rr_pointer: Int[Array, ""]
     hold: Bool[Array, ""]  # closed loop chose a full SM: nothing more this tick
 
@@ -78,19 +91,28 @@ def scores(
     )
 
 
-def _censored_estimate(state: State, tick: Int[Array, ""]) -> Int[Array, " sm"]:
+def _censored_estimate(state: State, tick: Int[Array, ""]) -> Int[Array, "launch sm"]:
     """`max(est_s, k - oldest start on s)`: a CTA still running after that long shows the SM is at
-    least that slow, whatever the estimate says (docs/model.md section 9)."""
+    least that slow, whatever the estimate says (docs/model.md section 9). Per launch, from its
+    own estimates and its own CTAs (section 13)."""
     running = jnp.where(state.cta_id >= 0, tick - state.cta_start, 0)
-    return jnp.maximum(state.dispatch_est, jnp.max(running, axis=1).astype(jnp.int64))
+    n_launches, n_sm = state.dispatch_est.shape
+    if n_launches == 1:
+        oldest = jnp.max(running, axis=1)[None]
+    else:
+        sm = jnp.broadcast_to(jnp.arange(n_sm)[:, None], running.shape)
+        oldest = jnp.zeros((n_launches, n_sm), jnp.int32).at[state.cta_launch, sm].max(running)
+    return jnp.maximum(state.dispatch_est, oldest.astype(jnp.int64))
 
 
 def _hold_for_better_slots(
-    slots: _Slots, launch: Launch, launching_tick: Int[Array, "sm cta"], est: Array, sm: Array, tick: Array
+    slots: _Slots, launch: Launch, launching_tick: Int[Array, "sm cta"], est: Array, sm: Array, tick: Array,
+    left: Array,
 ) -> Array:
-    """Closed loop in the tail: keep the CTA if the CTAs left fit in slots expected to finish
-    them earlier than `sm` would: occupied slots, and free slots still in their launch latency
-    (`launching_tick`, INF elsewhere) (docs/model.md section 9)."""
+    """Closed loop in the tail: keep the CTA if the `left` CTAs (the head launch's, this one
+    included) fit in slots expected to finish them earlier than `sm` would: occupied slots (of
+    any launch), and free slots still in their launch latency (`launching_tick`, INF elsewhere)
+    (docs/model.md sections 9 and 13)."""
     now = tick.astype(jnp.int64)
     target = now + est[sm]
     e = est[:, None]
@@ -100,8 +122,7 @@ def _hold_for_better_slots(
     launching = (slots.cta_id < 0) & (launching_tick < INF)
     finish = jnp.where(occupied, occupied_finish, launching_finish)
     better = (occupied | launching) & (finish + est[sm] // 8 < target)
-    left = (launch.n_ctas - slots.next_cta).astype(jnp.int64)
-    return (launch.dispatch_policy == CLOSED_LOOP) & (left <= jnp.sum(better, dtype=jnp.int64))
+    return (launch.dispatch_policy == CLOSED_LOOP) & (left.astype(jnp.int64) <= jnp.sum(better, dtype=jnp.int64))
 
 
 def _cta_slots(launch: Launch, shapes: Shapes) -> Bool[Array, "sm cta"]:
@@ -116,12 +137,12 @@ def _usable_slots(state: State, launch: Launch, shapes: Shapes, tick: Int[Array,
     return _cta_slots(launch, shapes) & (state.cta_usable_tick <= tick)
 
 
-def next_usable_tick(state: State, launch: Launch, shapes: Shapes) -> Int[Array, ""]:
+def next_usable_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -> Int[Array, ""]:
     """The earliest tick after this one at which a free slot becomes usable, while CTAs remain to
     dispatch (INF otherwise): an event for event skipping (docs/model.md section 11)."""
     waiting = _cta_slots(launch, shapes) & (state.cta_id < 0) & (state.cta_usable_tick > state.tick)
     soonest = jnp.min(jnp.where(waiting, state.cta_usable_tick, INF))
-    return jnp.where(state.next_cta < launch.n_ctas, soonest, INF)
+    return jnp.where(jnp.any(state.next_cta < launches.n_ctas), soonest, INF)
 
 
 def _room(slots: _Slots, usable: Bool[Array, "sm cta"]) -> Int[Array, " sm"]:
@@ -132,23 +153,30 @@ def _room(slots: _Slots, usable: Bool[Array, "sm cta"]) -> Int[Array, " sm"]:
 def _place_one(
     slots: _Slots,
     launch: Launch,
+    launches: Launches,
+    ready: Int[Array, " launch"],
     usable: Bool[Array, "sm cta"],
     launching_tick: Int[Array, "sm cta"],
-    est: Int[Array, " sm"],
+    est_all: Int[Array, "launch sm"],
     tick: Int[Array, ""],
 ) -> _Slots:
+    """Place the head launch's next CTA (docs/model.md sections 9 and 13)."""
+    _, head = head_launch(ready, slots.next_cta, launches, tick)
+    est = est_all[head]
+    local = slots.next_cta[head]
     room = _room(slots, usable)
     score = jnp.where(room > 0, scores(slots, launch, room, est, tick), jnp.iinfo(jnp.int64).min)
     sm = jnp.argmax(score).astype(jnp.int32)
-    hold = _hold_for_better_slots(slots, launch, launching_tick, est, sm, tick)
+    hold = _hold_for_better_slots(slots, launch, launching_tick, est, sm, tick, launches.n_ctas[head] - local)
     j = jnp.argmax((slots.cta_id[sm] < 0) & usable[sm]).astype(jnp.int32)  # lowest usable free slot
     n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled, dtype=jnp.int32), 1)
     placed = _Slots(
-        cta_id=slots.cta_id.at[sm, j].set(slots.next_cta),
+        cta_id=slots.cta_id.at[sm, j].set(launches.cta_base[head] + local),
+        cta_launch=slots.cta_launch.at[sm, j].set(head),
         resident=slots.resident.at[sm].add(1),
         live_warps=slots.live_warps.at[sm].add(launch.warps_per_cta),
         start=slots.start.at[sm, j].set(tick),
-        next_cta=slots.next_cta + 1,
+        next_cta=slots.next_cta.at[head].add(1),
         rr_pointer=jnp.where(launch.dispatch_policy == ROUND_ROBIN,
                              (launch.dispatch_rank[sm] + 1) % n_enabled, slots.rr_pointer),
         hold=jnp.bool_(False),
@@ -157,22 +185,29 @@ def _place_one(
 
 
 def dispatch(
-    state: State, launch: Launch, shapes: Shapes, variation: Variation, tick: Int[Array, ""]
+    state: State, launch: Launch, shapes: Shapes, variation: Variation, tick: Int[Array, ""],
+    launches: Launches | None = None,
 ) -> State:
-    """Place CTAs until the grid is exhausted or no enabled SM has a usable free slot; launch
-    their warps."""
+    """Place CTAs, the head launch's first (leftover policy), until no launch is ready with CTAs
+    left, no enabled SM has a usable free slot or the closed loop holds; launch their warps.
+    `launches` defaults to `launch` alone (one kernel, no launch overhead)."""
+    launches = single(launch, shapes) if launches is None else launches
     usable = _usable_slots(state, launch, shapes, tick)
     launching = _cta_slots(launch, shapes) & (state.cta_id < 0) & (state.cta_usable_tick > tick)
     launching_tick = jnp.where(launching, state.cta_usable_tick, INF)
 
+    ready = state.kernel_ready
+
     def has_work(slots: _Slots) -> Array:
-        return (slots.next_cta < launch.n_ctas) & jnp.any(_room(slots, usable) > 0) & ~slots.hold
+        some, _ = head_launch(ready, slots.next_cta, launches, tick)
+        return some & jnp.any(_room(slots, usable) > 0) & ~slots.hold
 
     live = jnp.sum(state.cta_live, axis=1, dtype=jnp.int32)
-    start = _Slots(state.cta_id, state.resident, live, state.cta_start, state.next_cta,
+    start = _Slots(state.cta_id, state.cta_launch, state.resident, live, state.cta_start, state.next_cta,
                    state.rr_pointer, jnp.bool_(False))
     est = _censored_estimate(state, tick)
-    slots = jax.lax.while_loop(has_work, lambda s: _place_one(s, launch, usable, launching_tick, est, tick), start)
+    slots = jax.lax.while_loop(
+        has_work, lambda s: _place_one(s, launch, launches, ready, usable, launching_tick, est, tick), start)
     new = (slots.cta_id >= 0) & (slots.cta_id != state.cta_id)  # [sm, cta]
 
     # Launch the new CTAs' warps: slot w belongs to CTA slot w // W, warp w mod W.
@@ -184,13 +219,15 @@ def dispatch(
     cta = jnp.clip(slots.cta_id[:, j_of], 0, shapes.max_ctas - 1)
     packed = variation.packed[cta, warp]
     trips, if_lanes = packed >> 6, packed & 63
-    # Persistent kernels: each new warp takes its first work item, in placement then warp order.
+    warp_launch = slots.cta_launch[:, j_of]
+    # Persistent kernels (a workload's only launch): each new warp takes its first work item, in
+    # placement then warp order.
     persistent = launch.work_items > 0
-    order = (slots.cta_id[:, j_of] - state.next_cta) * n_w + warp
+    order = (slots.cta_id[:, j_of] - state.next_cta[0]) * n_w + warp
     took = fresh & persistent & (order < launch.work_items - state.items_taken)
     trips = jnp.where(persistent, took.astype(jnp.int32), trips)
     lanes = jnp.where(warp == n_w - 1, launch.lanes_last_warp, 32)
-    pc0 = resolve_pc(launch, jnp.zeros_like(trips), trips, if_lanes, lanes)
+    pc0 = resolve_pc(warp_program(launches, warp_launch), jnp.zeros_like(trips), trips, if_lanes, lanes)
     w = state.warps
     zero = jnp.zeros_like(trips)
     warps = replace(
@@ -205,6 +242,7 @@ def dispatch(
         ready_fixed=jnp.where(fresh, zero, w.ready_fixed),
         ready_mio=jnp.where(fresh, zero, w.ready_mio),
         ready_mem=jnp.where(fresh, zero, w.ready_mem),
+        launch=jnp.where(fresh, warp_launch, w.launch),
     )
 
     k = state.counters
@@ -213,6 +251,7 @@ def dispatch(
     return replace(
         state,
         cta_id=slots.cta_id,
+        cta_launch=slots.cta_launch,
         cta_live=jnp.where(new, n_w, state.cta_live),
         cta_arrived=jnp.where(new, 0, state.cta_arrived),
         cta_start=slots.start,
@@ -220,6 +259,7 @@ def dispatch(
         resident=slots.resident,
         warps=warps,
         next_cta=slots.next_cta,
+        kernel_start=jnp.where((state.next_cta == 0) & (slots.next_cta > 0), tick, state.kernel_start),
         rr_pointer=slots.rr_pointer,
         items_taken=state.items_taken + jnp.sum(took, dtype=jnp.int32),
         counters=replace(

@@ -15,6 +15,7 @@ from jaxtyping import Array, Int
 
 from ..lower import QUEUE_ONE_TICK, Launch, Shapes
 from .dispatch import next_usable_tick
+from .launches import Launches, next_ready_tick, single
 from .power import next_dvfs_event
 from .state import State
 from .status import INF, count_reasons, warp_status
@@ -47,19 +48,24 @@ def cycles_in_ticks(
     return a * f + partial // launch.tick_mhz, partial % launch.tick_mhz
 
 
-def skip_to_next_event(state: State, launch: Launch, shapes: Shapes, done: Array) -> State:
+def skip_to_next_event(
+    state: State, launch: Launch, shapes: Shapes, done: Array, launches: Launches | None = None
+) -> State:
     """Advance from the tick just executed (state.tick) to the next event tick (nothing is
-    skipped once `done`: the counters must stop at the makespan)."""
+    skipped once `done`: the counters must stop at the makespan). `launches` defaults to
+    `launch` alone (one kernel, no launch overhead)."""
+    launches = single(launch, shapes) if launches is None else launches
     k = state.tick
-    st = warp_status(state, launch, shapes, state.cycle, k + 1)
+    st = warp_status(state, launch, shapes, state.cycle, k + 1, launches)
     clear_cycle = jnp.min(st.clear_cycle, axis=1)
     by_cycle = jnp.where(clear_cycle < INF, k + ticks_until_cycle(state, launch, clear_cycle), INF)
     by_tick = jnp.min(st.clear_tick, axis=1)
     per_sm = jnp.where(launch.sm_enabled, jnp.minimum(by_cycle, by_tick), INF)
-    # Grid-barrier releases (section 8), freed CTA slots becoming usable (section 9) and clock
-    # changes (section 12) are events too.
-    nxt = jnp.minimum(jnp.minimum(jnp.min(per_sm), next_usable_tick(state, launch, shapes)),
+    # Grid-barrier releases (section 8), freed CTA slots becoming usable (section 9), clock
+    # changes (section 12) and launches becoming ready (section 13) are events too.
+    nxt = jnp.minimum(jnp.minimum(jnp.min(per_sm), next_usable_tick(state, launch, shapes, launches)),
                       jnp.minimum(state.g_release, next_dvfs_event(state, launch)))
+    nxt = jnp.minimum(nxt, next_ready_tick(state.kernel_ready, state.next_cta, launches, k))
     nxt = jnp.where((nxt < INF) & ~done, nxt, k + 1)  # nothing pending only after the last CTA
     # A held dispatch depends on the tick itself (section 9): look again at the next tick.
     nxt = jnp.where(state.dispatch_hold, k + 1, nxt)

@@ -2,8 +2,9 @@
 
 `simulate` runs one configuration; `simulate_batch` runs a stack of them under one `jit(vmap)`
 with every swept number traced (architecture, kernel, clocks and policy parameters), so a whole
-sweep of equal static shapes compiles once. Counters are int64: the engine runs under
-`jax.enable_x64`, while the hot per-warp state stays int32.
+sweep of equal static shapes compiles once. A configuration runs one kernel or a workload of
+several launches (streams, events, graphs: docs/model.md section 13). Counters are int64: the
+engine runs under `jax.enable_x64`, while the hot per-warp state stays int32.
 """
 
 from __future__ import annotations
@@ -26,11 +27,14 @@ from ..errors import check
 from ..kernel import Kernel
 from ..lower import (DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, policy_index, shapes_for,
                      validate, validate_dispatch)
+from ..workload import Workload
 from .cycle import run_tick
 from .dispatch import dispatch, variation_tables
 from .events import skip_to_next_event
 from .grid_barrier import grid_barrier
+from .launches import Launches, initial_ready, make_launches, single
 from .power import domains, dvfs_step, final_outputs, initial_dvfs
+from .prepare import WorkloadInput, prepare_workload, workload_shapes
 from .state import STALL_REASONS, State, initial_state
 
 MAX_TICKS = 1 << 30  # ~0.54 s at 1.98 GHz; int32 ticks leave headroom above it
@@ -53,9 +57,14 @@ class Result(eqx.Module):
     sm_stalls: Int[Array, "sm reason"]
     sm_ctas: Int[Array, " sm"]
     sm_items: Int[Array, " sm"]  # work items taken (persistent kernels)
-    cta_sm: Int[Array, " grid"]
+    cta_sm: Int[Array, " grid"]  # per CTA in global order g = cta_base[l] + c
     cta_start_tick: Int[Array, " grid"]
     cta_end_tick: Int[Array, " grid"]
+    cta_kernel: Int[Array, " grid"]  # the launch of each CTA, -1 past the last
+    # per launch (docs/model.md section 13; one entry for a plain kernel)
+    kernel_ready_tick: Int[Array, " launch"]
+    kernel_start_tick: Int[Array, " launch"]  # tick of its first CTA's dispatch
+    kernel_end_tick: Int[Array, " launch"]  # tick its last CTA completed
     # DVFS (docs/model.md section 12; zeros and trace_tick -1 with DVFS off)
     sm_energy_pj: Int[Array, " sm"]
     sm_clock_end_mhz: Int[Array, " sm"]
@@ -104,32 +113,66 @@ class Result(eqx.Module):
     def cta_end_ns(self) -> np.ndarray:
         return (np.asarray(self.cta_end_tick) + 1) * 1000.0 / np.asarray(self.tick_mhz)[..., None]
 
+    @property
+    def kernel_ready_ns(self) -> np.ndarray:
+        """When each launch may start (the start of its ready tick), ns from the host's first call."""
+        return np.asarray(self.kernel_ready_tick) * 1000.0 / np.asarray(self.tick_mhz)[..., None]
 
-def run_launch(launch: Launch, shapes: Shapes, max_ticks: int) -> State:
-    """The event loop of one configuration (vmappable)."""
+    @property
+    def kernel_start_ns(self) -> np.ndarray:
+        return np.asarray(self.kernel_start_tick) * 1000.0 / np.asarray(self.tick_mhz)[..., None]
 
-    variation = variation_tables(launch, shapes)
+    @property
+    def kernel_end_ns(self) -> np.ndarray:
+        """The end of each launch's last tick (the last launch's equals the makespan)."""
+        return (np.asarray(self.kernel_end_tick) + 1) * 1000.0 / np.asarray(self.tick_mhz)[..., None]
+
+
+def run_launch(
+    launch: Launch, shapes: Shapes, max_ticks: int, per: Launch | None = None, launches: Launches | None = None
+) -> State:
+    """The event loop of one configuration (vmappable). `launch` holds what every launch shares
+    (and `n_ctas`, all launches' CTAs); a workload adds `per`, its launches' own lowerings
+    stacked on a leading axis, and `launches`, their tables. Without them `launch` is the only
+    launch, without launch overhead."""
+    if launches is None:
+        launches = single(launch, shapes)
+        variation = variation_tables(launch, shapes)
+    else:
+        variation = variation_tables(per, shapes, launches)
     doms = domains(launch)
 
     def step(state: State) -> State:
-        state = grid_barrier(run_tick(state, launch, shapes), launch)
-        state = dispatch(state, launch, shapes, variation, state.tick)
+        state = grid_barrier(run_tick(state, launch, shapes, launches), launch)
+        state = dispatch(state, launch, shapes, variation, state.tick, launches)
         state = dvfs_step(state, launch, shapes, doms)
-        return skip_to_next_event(state, launch, shapes, state.ctas_done >= launch.n_ctas)
+        return skip_to_next_event(state, launch, shapes, state.ctas_done >= launch.n_ctas, launches)
 
     def running(state: State) -> Array:
         return (state.ctas_done < launch.n_ctas) & (state.tick < max_ticks)
 
     start = initial_state(shapes)
     freq, dv = initial_dvfs(launch, start.dvfs)
-    start = dataclasses.replace(start, freq=freq, dvfs=dv,
+    start = dataclasses.replace(start, freq=freq, dvfs=dv, kernel_ready=initial_ready(launches),
                                 dispatch_est=jnp.full_like(start.dispatch_est, launch.ema_prior_ticks))
     return jax.lax.while_loop(running, step, start)
 
 
+def _lower_workload(workload: WorkloadInput, lower_one, shapes: Shapes) -> tuple[Launch, Launch, Launches]:
+    """(shared launch, stacked per-launch lowerings, tables) of a prepared workload: every
+    kernel lowered alike (one vmapped lowering), the shared values from launch 0 with `n_ctas`
+    the workload's total."""
+    kernels = jax.tree.map(lambda *xs: jnp.stack(xs), *workload.kernels)
+    per = jax.vmap(lower_one)(kernels)
+    launch = jax.tree.map(lambda x: x[0], per)
+    work = workload.lower(launch.tick_mhz)
+    launch = dataclasses.replace(launch, n_ctas=jnp.sum(work.grid_ctas, dtype=jnp.int32))
+    return launch, per, make_launches(per, work, shapes)
+
+
 def _run_config(
     arch: Arch,
-    kernel: Kernel,
+    kernel: Kernel | WorkloadInput,
     clocks: Clocks,
     warp_policy: Array,
     dispatch_policy: Array,
@@ -142,9 +185,17 @@ def _run_config(
     shapes: Shapes,
     max_ticks: int,
 ) -> Result:
-    launch = lower(arch, kernel, clocks, warp_policy, dispatch_policy, dispatch_start,
-                   dispatch_weight, ema_alpha, ema_prior_ns, dvfs)
-    final = run_launch(launch, shapes, max_ticks)
+    def lower_one(k: Kernel) -> Launch:
+        return lower(arch, k, clocks, warp_policy, dispatch_policy, dispatch_start,
+                     dispatch_weight, ema_alpha, ema_prior_ns, dvfs)
+
+    if isinstance(kernel, WorkloadInput):
+        launch, per, launches = _lower_workload(kernel, lower_one, shapes)
+        final = run_launch(launch, shapes, max_ticks, per, launches)
+    else:
+        launch = lower_one(kernel)
+        launches = single(launch, shapes)
+        final = run_launch(launch, shapes, max_ticks)
     c = final.counters
     ticks = final.last_exit_tick + 1
     ns = ticks.astype(jnp.float64) * 1000.0 / launch.tick_mhz
@@ -167,6 +218,10 @@ def _run_config(
         cta_sm=c.cta_sm,
         cta_start_tick=c.cta_start_tick,
         cta_end_tick=c.cta_end_tick,
+        cta_kernel=launches.cta_launch,
+        kernel_ready_tick=final.kernel_ready,
+        kernel_start_tick=final.kernel_start,
+        kernel_end_tick=final.kernel_end,
         **final_outputs(final, launch),
         max_warps_per_sm=shapes.warp_slots,
     )
@@ -204,7 +259,7 @@ def _check_done(result: Result, max_ticks: int) -> None:
 
 def simulate(
     arch: Arch,
-    kernel: Kernel,
+    kernel: Kernel | Workload,
     clocks: Clocks | None = None,
     *,
     warp_policy: str | int = "gto",
@@ -217,7 +272,8 @@ def simulate(
     trace_len: int = 0,
     max_ticks: int = MAX_TICKS,
 ) -> Result:
-    """Simulate one kernel launch on one chip.
+    """Simulate one kernel launch, or a workload of several (`jaxsched.workload`: streams,
+    events, CUDA graphs; docs/model.md section 13), on one chip.
 
     Warp policies `WARP_POLICIES` (lrr, gto, oldest); dispatch policies `DISPATCH_POLICIES`
     (hardware, round_robin, least_loaded, weighted, closed_loop; docs/model.md section 9).
@@ -228,14 +284,19 @@ def simulate(
     `trace_len` rows of the clock trace are kept.
     """
     clocks = clocks_mod.uniform(arch) if clocks is None else clocks
-    validate(arch, kernel, clocks)
+    if isinstance(kernel, Workload):
+        kernel = prepare_workload(kernel, arch, clocks)
+        shapes = workload_shapes(arch, kernel)
+    else:
+        validate(arch, kernel, clocks)
+        shapes = shapes_for(arch, kernel)
     check(isinstance(dispatch_start, (int, np.integer)) and 0 <= dispatch_start < 2**31,
           "dispatch_start", dispatch_start, "an integer in 0 .. 2^31 - 1")
     wp = np.int32(policy_index(warp_policy, WARP_POLICIES, "warp_policy"))
     dp = np.int32(policy_index(dispatch, DISPATCH_POLICIES, "dispatch"))
     extra = _dispatch_inputs(arch, clocks, dispatch_weight, ema_alpha, ema_prior_ns)
     dvfs = _dvfs_input(arch, dvfs)
-    shapes = dataclasses.replace(shapes_for(arch, kernel), trace_len=_trace_len(trace_len))
+    shapes = dataclasses.replace(shapes, trace_len=_trace_len(trace_len))
     with jax.enable_x64(True):
         result = _compiled(arch, kernel, clocks, wp, dp, np.int32(dispatch_start), *extra, dvfs,
                            shapes=shapes, max_ticks=max_ticks, batched=False)
@@ -266,7 +327,7 @@ def stack(items: Sequence[eqx.Module]) -> eqx.Module:
 
 def simulate_batch(
     archs: Sequence[Arch],
-    kernels: Sequence[Kernel],
+    kernels: Sequence[Kernel] | Sequence[Workload],
     clocks: Sequence[Clocks],
     warp_policy: ArrayLike,
     dispatch: ArrayLike,
@@ -284,20 +345,19 @@ def simulate_batch(
     Policies are integer arrays of length N (indices into `WARP_POLICIES`/`DISPATCH_POLICIES`);
     `dispatch_weight` is a list of per-SM weights (or None: the clocks), `ema_alpha` and
     `ema_prior_ns` scalars or length-N arrays; `dvfs` a list of `Dvfs` (None: static clocks).
+    `kernels` may instead be workloads with one number of launches (streams, dependencies and
+    modes may differ); their programs are padded to one length.
     """
     n = len(archs)
     check(len(kernels) == n and len(clocks) == n, "batch", (n, len(kernels), len(clocks)),
           "archs, kernels and clocks must have the same length")
-    for a, k, c in zip(archs, kernels, clocks):
-        validate(a, k, c)
-    shape_set = {dataclass_key(shapes_for(a, k)) for a, k in zip(archs, kernels)}
+    kernels, shape_list = _prepare_batch(archs, kernels, clocks)
+    shape_set = {dataclass_key(s) for s in shape_list}
     check(len({s[:-1] for s in shape_set}) == 1, "batch", sorted(shape_set),
           "every configuration needs the same SM slots, warp/CTA slots and program length "
           "(pad programs with make_kernel(pad_to=...))")
-    base = shapes_for(archs[0], kernels[0])
-    shapes = Shapes(**{**base.__dict__, "max_ctas": max(s[-1] for s in shape_set),
-                       "trace_len": _trace_len(trace_len)})
-    kernels = [_pad_grid_independent(k) for k in kernels]
+    shapes = dataclasses.replace(shape_list[0], max_ctas=max(s[-1] for s in shape_set),
+                                 trace_len=_trace_len(trace_len))
     as_i32 = lambda v: np.broadcast_to(np.asarray(v, dtype=np.int32), (n,))  # noqa: E731
     weights = [None] * n if dispatch_weight is None else list(dispatch_weight)
     alphas = np.broadcast_to(np.asarray(ema_alpha, dtype=np.float32), (n,))
@@ -318,9 +378,24 @@ def simulate_batch(
 
 def dataclass_key(shapes: Shapes) -> tuple[int, ...]:
     return (shapes.n_sm, shapes.warp_slots, shapes.cta_slots, shapes.schedulers, shapes.n_instr,
-            shapes.max_ctas)
+            shapes.n_launches, shapes.max_ctas)
 
 
-def _pad_grid_independent(kernel: Kernel) -> Kernel:
-    """Kernels differ in grid size only through the traced `grid_ctas` (nothing to pad)."""
-    return kernel
+def _prepare_batch(
+    archs: Sequence[Arch], items: Sequence[Kernel] | Sequence[Workload], clocks: Sequence[Clocks]
+) -> tuple[list, list[Shapes]]:
+    """Validated configurations and their static sizes. Kernels differ in grid size only through
+    the traced `grid_ctas` (nothing to pad); workloads are padded to the longest program of the
+    batch and must have one number of launches."""
+    workloads = [isinstance(x, Workload) for x in items]
+    check(all(workloads) or not any(workloads), "batch", "kernels and workloads",
+          "one kind per batch: all kernels or all workloads")
+    if not any(workloads):
+        for a, k, c in zip(archs, items, clocks):
+            validate(a, k, c)
+        return list(items), [shapes_for(a, k) for a, k in zip(archs, items)]
+    check(len({w.n_launches for w in items}) == 1, "batch", sorted({w.n_launches for w in items}),
+          "workloads in one batch need the same number of launches")
+    n_instr = max(k.n_instr for w in items for k in w.kernels)
+    prepared = [prepare_workload(w, a, c, n_instr) for w, a, c in zip(items, archs, clocks)]
+    return prepared, [workload_shapes(a, w) for a, w in zip(archs, prepared)]

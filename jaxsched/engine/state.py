@@ -41,6 +41,7 @@ class Warps(eqx.Module):
     ready_fixed: Int[Array, "sm warp"]  # SM cycle
     ready_mio: Int[Array, "sm warp"]  # SM cycle
     ready_mem: Int[Array, "sm warp"]  # tick
+    launch: Int[Array, "sm warp"]  # the workload launch whose program the warp runs
 
 
 class DvfsState(eqx.Module):
@@ -92,13 +93,14 @@ class State(eqx.Module):
     mio: Int[Array, " sm"]  # MIO backlog, cycles
     pipe_free: Int[Array, "sm sched pipe"]
     last: Int[Array, "sm sched"]  # last issued warp (q index) per scheduler, -1 none
-    cta_id: Int[Array, "sm cta"]  # -1 free
+    cta_id: Int[Array, "sm cta"]  # global CTA index g (docs/model.md section 13), -1 free
+    cta_launch: Int[Array, "sm cta"]  # launch of each slot's CTA (meaningful while occupied)
     cta_live: Int[Array, "sm cta"]
     cta_arrived: Int[Array, "sm cta"]
     resident: Int[Array, " sm"]  # CTAs resident
     cta_start: Int[Array, "sm cta"]  # start tick of the CTA in each slot
     cta_usable_tick: Int[Array, "sm cta"]  # a free slot takes a CTA from this tick (section 9)
-    dispatch_est: Int[Array, " sm"]  # closed-loop estimate of a CTA's duration, ticks (int64)
+    dispatch_est: Int[Array, "launch sm"]  # closed-loop estimate of a CTA's duration, ticks (int64)
     dispatch_hold: Bool[Array, ""]  # closed loop held CTAs back this tick: re-evaluate next tick
     warps: Warps
     q_l2: Int[Array, ""]
@@ -106,16 +108,20 @@ class State(eqx.Module):
     g_arrived: Int[Array, ""]  # warps arrived at the grid barrier
     g_release: Int[Array, ""]  # tick a completed grid barrier releases (INF: none pending)
     items_taken: Int[Array, ""]  # persistent kernels' global work-queue counter
-    next_cta: Int[Array, ""]
+    next_cta: Int[Array, " launch"]  # per launch, the next CTA to dispatch (local index)
     rr_pointer: Int[Array, ""]
-    ctas_done: Int[Array, ""]
+    ctas_done: Int[Array, ""]  # all launches
     last_exit_tick: Int[Array, ""]
+    kernel_done: Int[Array, " launch"]  # CTAs completed per launch
+    kernel_ready: Int[Array, " launch"]  # ready tick (INF: unknown until its dependencies end)
+    kernel_start: Int[Array, " launch"]  # tick of the first CTA's dispatch (-1: not yet)
+    kernel_end: Int[Array, " launch"]  # tick its last CTA completed
     counters: Counters
     dvfs: DvfsState
 
 
 def initial_state(shapes: Shapes) -> State:
-    s, w, c, j = shapes.n_sm, shapes.warp_slots, shapes.cta_slots, shapes.schedulers
+    s, w, c, j, n = shapes.n_sm, shapes.warp_slots, shapes.cta_slots, shapes.schedulers, shapes.n_launches
     zi = lambda *shape: jnp.zeros(shape, jnp.int32)  # noqa: E731
     zl = lambda *shape: jnp.zeros(shape, jnp.int64)  # noqa: E731  (needs jax.enable_x64)
     r, n_op = shapes.trace_len, len(Op)
@@ -128,12 +134,13 @@ def initial_state(shapes: Shapes) -> State:
         pipe_free=zi(s, j, N_PIPES),
         last=jnp.full((s, j), -1, jnp.int32),
         cta_id=jnp.full((s, c), -1, jnp.int32),
+        cta_launch=zi(s, c),
         cta_live=zi(s, c),
         cta_arrived=zi(s, c),
         resident=zi(s),
         cta_start=zi(s, c),
         cta_usable_tick=zi(s, c),
-        dispatch_est=zl(s),
+        dispatch_est=zl(n, s),
         dispatch_hold=jnp.zeros((), bool),
         warps=Warps(
             active=jnp.zeros((s, w), bool),
@@ -146,16 +153,21 @@ def initial_state(shapes: Shapes) -> State:
             ready_fixed=zi(s, w),
             ready_mio=zi(s, w),
             ready_mem=zi(s, w),
+            launch=zi(s, w),
         ),
         q_l2=zi(),
         q_dram=zi(),
         g_arrived=zi(),
         g_release=jnp.full((), INF, jnp.int32),
         items_taken=zi(),
-        next_cta=zi(),
+        next_cta=zi(n),
         rr_pointer=zi(),
         ctas_done=zi(),
         last_exit_tick=zi(),
+        kernel_done=zi(n),
+        kernel_ready=jnp.full((n,), INF, jnp.int32),
+        kernel_start=jnp.full((n,), -1, jnp.int32),
+        kernel_end=zi(n),
         counters=Counters(
             sm_cycles=zl(s),
             sm_busy_cycles=zl(s),

@@ -13,8 +13,8 @@ from jaxtyping import Array, Bool, Int
 
 from ..isa import Op
 from ..lower import Launch, Shapes
+from .launches import Launches, instruction_fields, warp_program
 from .state import INF, N_PIPES, State
-
 
 # Stall-reason codes (index into state.STALL_REASONS); -1 marks an empty or exited slot.
 SELECTED, NOT_SELECTED, LONG_SB, SHORT_SB, WAIT, BARRIER, MIO_THROTTLE, PIPE_THROTTLE = range(8)
@@ -37,15 +37,6 @@ class WarpStatus(NamedTuple):
     clear_tick: Int[Array, "sm warp"]  # tick the long scoreboard clears (INF: not blocked)
 
 
-def instruction_table(launch: Launch) -> Int[Array, "instr 8"]:
-    """Per-instruction fields packed as columns (op, dep, lat, issue, mio, mem_lat, l2, dram)."""
-    return jnp.stack(
-        [launch.op, launch.dep.astype(jnp.int32), launch.lat_cycles, launch.issue_cycles,
-         launch.mio_cost, launch.mem_lat_ticks, launch.l2_cost, launch.dram_cost],
-        axis=-1,
-    )
-
-
 def per_warp(x: Array, shapes: Shapes) -> Array:
     """Broadcast a per-scheduler value [sm, sched] to the warp slots [sm, warp] (slot 4q + j)."""
     n_sm = x.shape[0]
@@ -54,12 +45,15 @@ def per_warp(x: Array, shapes: Shapes) -> Array:
 
 
 def warp_status(
-    state: State, launch: Launch, shapes: Shapes, cycle: Int[Array, " sm"], tick: Int[Array, ""]
+    state: State, launch: Launch, shapes: Shapes, cycle: Int[Array, " sm"], tick: Int[Array, ""],
+    launches: Launches,
 ) -> WarpStatus:
+    """Each warp reads its own launch's program (`launches`, docs/model.md section 13)."""
     w = state.warps
     pc = jnp.clip(w.pc, 0, shapes.n_instr - 1)
     # One gather of a packed per-instruction table instead of one per field.
-    fields = instruction_table(launch)[pc]
+    fields = instruction_fields(launches, w.launch, pc)
+    prog = warp_program(launches, w.launch)
     op, dep, lat, issue, mio_cost, mem_lat, l2_cost, dram_cost = (fields[..., i] for i in range(8))
     dep = dep > 0
     c = cycle[:, None]
@@ -94,8 +88,8 @@ def warp_status(
     clear = jnp.where(eligible, c, jnp.where(live, clear, INF))
     clear_tick = jnp.where(live & long_sb, w.ready_mem, INF)
 
-    in_if = (pc >= launch.branch_start) & (pc < launch.branch_mid)
-    in_else = (pc >= launch.branch_mid) & (pc < launch.branch_end)
+    in_if = (pc >= prog.branch_start) & (pc < prog.branch_mid)
+    in_else = (pc >= prog.branch_mid) & (pc < prog.branch_end)
     active_lanes = jnp.where(in_if, w.if_lanes, jnp.where(in_else, w.lanes - w.if_lanes, w.lanes))
     return WarpStatus(
         op=op,

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int
 
 from ..lower import Launch
+from .launches import WarpProgram
 
 _GOLDEN = 0x9E3779B9
 
@@ -42,8 +43,9 @@ def warp_variation(
     return trips, lanes, jnp.sum(takes_if, axis=1, dtype=jnp.int32)
 
 
-def resolve_pc(launch: Launch, pc: Array, trips_left: Array, if_lanes: Array, lanes: Array) -> Array:
-    """Apply the fetch rules 1, 2, 3, 1 (docs/model.md section 6)."""
+def resolve_pc(launch: Launch | WarpProgram, pc: Array, trips_left: Array, if_lanes: Array, lanes: Array) -> Array:
+    """Apply the fetch rules 1, 2, 3, 1 (docs/model.md section 6). The structure (loop and
+    branch bounds) is one program's (`Launch`) or each warp's own (`WarpProgram`)."""
 
     def loop_rule(p: Array) -> Array:
         return jnp.where((p == launch.loop_start) & (trips_left == 0), launch.loop_end + 1, p)

@@ -1,0 +1,157 @@
+"""The launches of a workload as the engine reads them (docs/model.md section 13).
+
+Every per-launch number a warp or the dispatcher needs sits in a table with a leading `launch`
+axis: each warp slot carries the index of its launch and gathers from these tables. Values
+shared by all launches (the CTA shape, the chip, the policies) stay in the engine's `Launch`.
+With one launch (a plain kernel) every lookup is a static slice, so a single kernel runs the
+same operations it always did.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Int
+
+from ..lower import Launch, Shapes
+from ..workload import WorkloadLaunch
+from .state import INF
+
+
+def instruction_table(launch: Launch) -> Int[Array, "instr 8"]:
+    """Per-instruction fields packed as columns (op, dep, lat, issue, mio, mem_lat, l2, dram)."""
+    return jnp.stack(
+        [launch.op, launch.dep.astype(jnp.int32), launch.lat_cycles, launch.issue_cycles,
+         launch.mio_cost, launch.mem_lat_ticks, launch.l2_cost, launch.dram_cost],
+        axis=-1,
+    )
+
+
+class Launches(eqx.Module):
+    """Per-launch tables (leading axis `launch`) and the workload's integers."""
+
+    instructions: Int[Array, "launch instr 8"]  # instruction_table of each launch
+    loop_start: Int[Array, " launch"]
+    loop_end: Int[Array, " launch"]
+    branch_start: Int[Array, " launch"]
+    branch_mid: Int[Array, " launch"]
+    branch_end: Int[Array, " launch"]
+    n_ctas: Int[Array, " launch"]
+    cta_base: Int[Array, " launch"]  # global index g of the launch's CTA 0
+    submit_ticks: Int[Array, " launch"]
+    gap_ticks: Int[Array, ""]
+    deps: Bool[Array, "launch launch"]  # deps[l, d]: l waits for d to complete
+    cta_launch: Int[Array, " grid"]  # the launch of global CTA g, -1 past the last CTA
+
+    @property
+    def n_launches(self) -> int:
+        return int(self.n_ctas.shape[-1])
+
+
+def _cta_launch(cta_base: Int[Array, " launch"], n_ctas: Int[Array, " launch"], shapes: Shapes) -> Array:
+    g = jnp.arange(shapes.max_ctas, dtype=jnp.int32)
+    launch = jnp.sum(g[:, None] >= cta_base[None, 1:], axis=1, dtype=jnp.int32)
+    return jnp.where(g < jnp.sum(n_ctas), launch, -1)
+
+
+def make_launches(per: Launch, work: WorkloadLaunch, shapes: Shapes) -> Launches:
+    """`per`: the launches' own lowerings stacked on a leading axis (`lower.lower` of each
+    kernel at the same tick rate); `work`: the workload-level lowering."""
+    return Launches(
+        instructions=jax.vmap(instruction_table)(per),
+        loop_start=per.loop_start,
+        loop_end=per.loop_end,
+        branch_start=per.branch_start,
+        branch_mid=per.branch_mid,
+        branch_end=per.branch_end,
+        n_ctas=work.grid_ctas,
+        cta_base=work.cta_base,
+        submit_ticks=work.submit_ticks,
+        gap_ticks=work.gap_ticks,
+        deps=work.deps,
+        cta_launch=_cta_launch(work.cta_base, work.grid_ctas, shapes),
+    )
+
+
+def single(launch: Launch, shapes: Shapes) -> Launches:
+    """One kernel as the workload of one launch with no launch overhead (`simulate(kernel)`)."""
+    zero = jnp.zeros((1,), jnp.int32)
+    work = WorkloadLaunch(submit_ticks=zero, gap_ticks=jnp.int32(0), deps=jnp.zeros((1, 1), bool),
+                          grid_ctas=launch.n_ctas[None], cta_base=zero)
+    return make_launches(jax.tree.map(lambda x: jnp.asarray(x)[None], launch), work, shapes)
+
+
+class WarpProgram(NamedTuple):
+    """The structure of the program each warp runs: scalars with one launch, else [sm, warp]
+    (docs/model.md section 6 reads these through `variation.resolve_pc`)."""
+
+    loop_start: Array
+    loop_end: Array
+    branch_start: Array
+    branch_mid: Array
+    branch_end: Array
+
+
+def _of_warp(x: Array, warp_launch: Int[Array, "sm warp"]) -> Array:
+    """Per-launch value `x` for each warp: a static slice when there is one launch."""
+    return x[0] if x.shape[0] == 1 else x[warp_launch]
+
+
+def warp_program(launches: Launches, warp_launch: Int[Array, "sm warp"]) -> WarpProgram:
+    return WarpProgram(*(_of_warp(x, warp_launch) for x in (
+        launches.loop_start, launches.loop_end, launches.branch_start, launches.branch_mid,
+        launches.branch_end)))
+
+
+def instruction_fields(launches: Launches, warp_launch: Int[Array, "sm warp"], pc: Int[Array, "sm warp"]) -> Array:
+    """The packed instruction-table row (instruction_table) at each warp's pc, from its
+    launch's program: [sm, warp, 8]."""
+    table = launches.instructions
+    return table[0][pc] if table.shape[0] == 1 else table[warp_launch, pc]
+
+
+def initial_ready(launches: Launches) -> Int[Array, " launch"]:
+    """Launches without dependencies may start at `submit + gap`; the others are unknown (INF)
+    until their dependencies complete."""
+    free = ~jnp.any(launches.deps, axis=1)
+    return jnp.where(free, launches.submit_ticks + launches.gap_ticks, INF)
+
+
+def update_ready(
+    ready: Int[Array, " launch"], done: Int[Array, " launch"], end: Int[Array, " launch"], launches: Launches
+) -> Int[Array, " launch"]:
+    """After the CTA completions of a tick: every launch whose ready tick is unknown and whose
+    dependencies have all completed gets `max(submit, max_d (end_d + 1)) + gap`."""
+    complete = done >= launches.n_ctas
+    deps_done = jnp.all(complete[None, :] | ~launches.deps, axis=1)
+    after = jnp.max(jnp.where(launches.deps, end[None, :] + 1, 0), axis=1)
+    known = jnp.maximum(launches.submit_ticks, after) + launches.gap_ticks
+    return jnp.where((ready == INF) & deps_done, known, ready)
+
+
+def head_launch(
+    ready: Int[Array, " launch"], next_cta: Int[Array, " launch"], launches: Launches, tick: Int[Array, ""]
+) -> tuple[Bool[Array, ""], Int[Array, ""]]:
+    """(whether there is one, which): among launches ready by `tick` with CTAs left to dispatch,
+    the smallest (ready tick, launch index) — the GigaThread engine's leftover order."""
+    waiting = (ready <= tick) & (next_cta < launches.n_ctas)
+    head = jnp.argmin(jnp.where(waiting, ready, INF)).astype(jnp.int32)  # first of equal: lowest l
+    return jnp.any(waiting), head
+
+
+def next_ready_tick(
+    ready: Int[Array, " launch"], next_cta: Int[Array, " launch"], launches: Launches, tick: Int[Array, ""]
+) -> Int[Array, ""]:
+    """A known ready tick after `tick` of a launch with CTAs left: an event (section 13)."""
+    pending = (ready > tick) & (ready < INF) & (next_cta < launches.n_ctas)
+    return jnp.min(jnp.where(pending, ready, INF))
+
+
+def per_launch_sum(x: Int[Array, "sm cta"], slot_launch: Int[Array, "sm cta"], n_launches: int) -> Int[Array, " launch"]:
+    """Sum of a per-CTA-slot count over the slots of each launch."""
+    if n_launches == 1:
+        return jnp.sum(x, dtype=jnp.int32)[None]
+    return jnp.zeros(n_launches, jnp.int32).at[jnp.clip(slot_launch, 0, n_launches - 1)].add(x)
