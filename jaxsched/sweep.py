@@ -15,6 +15,7 @@ Spec (see `sweeps/demo.toml`, `sweeps/random_design.toml`):
     [policy]  warp = "gto", dispatch = "hardware", dispatch_start = 0,
               weights = "clocks", ema_alpha = 0.25, ema_prior_ns = 0.0
     [grid]    "policy.warp" = ["lrr", "gto"], "clocks.sigma" = [0.0, 0.1], "kernel.regs" = [...]
+    [workload] launches = 16, streams = 1, mode = "stream"    # optional: N launches of the kernel
     [design]  kind = "lhs", samples = 200, seed = 1          # optional; see `sweep_design`
     [design.ranges]   "clocks.sigma" = [0.0, 0.2], "kernel.trips" = [4, 32],
                       "policy.dispatch" = ["hardware", "closed_loop"]
@@ -26,7 +27,10 @@ in MHz or "uniform"; `ema_alpha` in [0, 1] and `ema_prior_ns` in [0, 1e8) drive
 `closed_loop`), `clocks.{model, mean_ghz, sigma, sigma_die, corr_length_mm, ir_drop}`,
 `kernel.{grid, threads, regs, smem_bytes, static_smem_bytes, trips, cta_spread, warp_spread,
 if_probability, l2_hit_rate, seed, threads_fixed_work}` (or the `Kernel` field names) and
-`arch.<field>` for every scalar field of `Arch`. The base tables take the same fields.
+`arch.<field>` for every scalar field of `Arch`, `workload.{mode, launch_api_ns, launch_gap_ns,
+graph_api_ns, graph_gap_ns}` (with `[workload] launches = N`: the kernel launched N times, launch
+l on stream l mod `streams`, docs/model.md section 13; `launches` and `streams` are static and
+not swept). The base tables take the same fields.
 
 Validation happens in `load`, before anything runs: every key, path, grid value, design range
 end and choice, and then every point (grid point x design sample): a point whose kernel CUDA
@@ -134,6 +138,7 @@ from .lower import DISPATCH_POLICIES, WARP_POLICIES, shapes_for, validate
 from .occupancy import check_launch, occupancy
 from .sweep_design import CONFIG_DIM, Design, design_coords
 from .sweep_paths import Point
+from .workload import OVERHEAD_FIELDS, Workload, make_workload
 
 _TOP_KEYS = ("title", "arch", "kernel", "kernels", "replicates", "seed", "chunk", "grid", "design") + sweep_paths.TABLES
 _LAUNCH_GROUPS = ("arch", "kernel")  # the path groups that decide whether a point can launch
@@ -226,7 +231,8 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Swee
     _check_distinct_paths(base, swept, source)
     partial = Sweep(title=str(doc.get("title", source)), text=text, base=base, grid=grid, design=design,
                     replicates=replicates, seed=seed, chunk=chunk, feasible=np.ones((), bool),
-                    infeasible_reason=np.asarray(""), max_grid_ctas=int(kernel.grid_ctas))
+                    infeasible_reason=np.asarray(""),
+                    max_grid_ctas=int(kernel.grid_ctas) * max(1, base["workload"]["launches"]))
     _check_dvfs(partial, source)
     feasible, reasons, max_grid = _check_points(partial, source)
     return dataclasses.replace(partial, feasible=feasible, infeasible_reason=reasons, max_grid_ctas=max_grid)
@@ -334,6 +340,7 @@ def _check_points(sweep: Sweep, source: str) -> tuple[np.ndarray, np.ndarray, in
             if refusal is None:
                 try:
                     validate(arch, kernel, clocks.uniform(arch))
+                    launched(kernel, point["workload"])  # the workload's own checks
                 except JaxschedError as exc:
                     raise JaxschedError(f"{source}: {label}: {exc.field}", exc.value, exc.limit) from None
                 got = _static_shapes(arch, kernel)
@@ -341,7 +348,7 @@ def _check_points(sweep: Sweep, source: str) -> tuple[np.ndarray, np.ndarray, in
                            for f in dataclasses.fields(got) if getattr(got, f.name) != getattr(shapes0, f.name)]
                 check(not changed, f"{source}: {label}", "; ".join(changed),
                       "changes the engine's static array sizes; every configuration of a sweep must share them")
-                max_grid = max(max_grid, int(kernel.grid_ctas))
+                max_grid = max(max_grid, int(kernel.grid_ctas) * max(1, sweep.base["workload"]["launches"]))
             checked[key] = refusal
         if checked[key] is not None:
             feasible[index], reasons[index] = False, checked[key]
@@ -373,12 +380,23 @@ def engine_config(sweep: Sweep, point: Point, index: tuple[int, ...], replicate:
     arch, policy = point["arch"], point["policy"]
     weight = None if policy["weights"] == "clocks" else np.ones(arch.n_sm_slots, dtype=np.int32)
     return Config(
-        index=tuple(index), replicate=replicate, arch=arch, kernel=point["kernel"],
+        index=tuple(index), replicate=replicate, arch=arch, kernel=launched(point["kernel"], point["workload"]),
         clocks=clock_map(arch, point["clocks"], sweep.seed * 1_000_003 + replicate),
         warp_policy=WARP_POLICIES.index(policy["warp"]), dispatch=DISPATCH_POLICIES.index(policy["dispatch"]),
         dispatch_start=policy["dispatch_start"], dispatch_weight=weight, ema_alpha=policy["ema_alpha"],
         ema_prior_ns=policy["ema_prior_ns"],
         dvfs=dvfs_params(arch, point["dvfs"], sweep.seed * 1_000_003 + replicate))
+
+
+def launched(kernel: Kernel, table: dict) -> Kernel | Workload:
+    """The point's kernel, or with `[workload] launches = N` a workload of N launches of it
+    (launch `l` with seed `seed + l` on stream `l mod streams`; sweep_paths.WorkloadGroup)."""
+    if table["launches"] == 0:
+        return kernel
+    n, seed = table["launches"], int(kernel.seed)
+    kernels = [kernel.replace(seed=np.asarray(seed + l, np.asarray(kernel.seed).dtype)) for l in range(n)]
+    overheads = {key: table[key] for key in OVERHEAD_FIELDS}
+    return make_workload(kernels, [l % table["streams"] for l in range(n)], None, table["mode"], **overheads)
 
 
 def dvfs_params(arch: Arch, table: dict, seed: int) -> Dvfs:

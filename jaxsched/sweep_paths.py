@@ -27,7 +27,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from . import dvfs, freqmap
+from . import dvfs, freqmap, workload
 from .arch import Arch
 from .errors import JaxschedError, check
 from .kernel import Kernel
@@ -239,6 +239,27 @@ DVFS_PARAMS = {
     "r2r_clock_max_mhz": Param("float", 1.0, 10_000.0),
 }
 
+@dataclasses.dataclass(frozen=True)
+class WorkloadGroup(TableGroup):
+    """`[workload]`: the spec's kernel launched `launches` times (0: one plain launch without
+    launch overhead), launch `l` on stream `l mod streams`, in `mode` "stream" or "graph", with
+    the architecture's launch overheads unless given (docs/model.md section 13). `launches` and
+    `streams` fix the engine's static structure, so they are set in the table, never swept."""
+
+    def set(self, part: dict, field: str, value: object, where: str) -> dict:
+        check(field not in STATIC_WORKLOAD, where, value,
+              f"workload.{field} fixes the engine's static structure: set it in [workload], do not sweep it")
+        return super().set(part, field, value, where)
+
+
+STATIC_WORKLOAD = ("launches", "streams")
+
+
+def _workload_defaults(arch: Arch) -> dict:
+    return {"launches": 0, "streams": 1, "mode": "stream",
+            **{key: float(getattr(arch, key)) for key in workload.OVERHEAD_FIELDS}}
+
+
 WEIGHTS = ("clocks", "uniform")
 CLOCK_MODELS = ("gaussian", "variation")
 
@@ -263,6 +284,12 @@ GROUPS: dict[str, TableGroup | PytreeGroup] = {
          "ir_drop": Param("bool")},
         _clock_defaults),
     "dvfs": TableGroup(DVFS_PARAMS, _dvfs_defaults),
+    "workload": WorkloadGroup(
+        {"launches": _int32(0, workload.MAX_LAUNCHES),
+         "streams": _int32(1, workload.MAX_LAUNCHES),
+         "mode": Param("choice", choices=workload.MODES),
+         **{key: Param("float", 0.0, workload.MAX_OVERHEAD_NS) for key in workload.OVERHEAD_FIELDS}},
+        _workload_defaults),
     "kernel": KernelGroup(KERNEL, KERNEL_ALIASES),
     "arch": PytreeGroup(),
 }

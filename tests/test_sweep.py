@@ -147,3 +147,31 @@ def test_fingerprint_follows_resolved_inputs():
     a, b = sweep.loads(SPEC), sweep.loads(SPEC.replace("grid = 40", "grid = 41"))
     assert sweep.fingerprint(a) == sweep.fingerprint(sweep.loads(SPEC))
     assert sweep.fingerprint(a) != sweep.fingerprint(b)
+
+
+WORKLOAD_SPEC = tiny_sweep_spec("chain", 2, "\"workload.mode\" = [\"stream\", \"graph\"]\n\"workload.launch_gap_ns\" = [0.0, 3000.0]\n",
+                                top="chunk = 8\n").replace("[clocks]", "[workload]\nlaunches = 3\nstreams = 2\n\n[clocks]")
+
+
+def test_workload_sweep_equals_direct_simulation():
+    """`[workload] launches = 3`: every configuration runs the kernel three times (two streams),
+    mode and overheads are swept under one compilation, and each point equals a direct run of
+    the same workload."""
+    spec = sweep.loads(WORKLOAD_SPEC)
+    ds = sweep.run(spec)
+    np.testing.assert_array_equal(ds["sm_ctas"].sum("sm").values, 3 * 40)
+    configs = list(sweep.configurations(spec))
+    for c in (configs[0], configs[-1]):
+        assert isinstance(c.kernel, js.Workload) and c.kernel.streams == (0, 1, 0)
+        direct = js.simulate(c.arch, c.kernel, c.clocks, warp_policy=c.warp_policy, dispatch=c.dispatch)
+        sel = {k.replace(".", "_"): spec.grid[k][i] for k, i in zip(spec.grid, c.index)}
+        assert float(ds["makespan_ns"].sel(sel).isel(replicate=c.replicate)) == float(direct.makespan_ns)
+    # The stream gap is paid by launch 2 (stream 0's second launch), so it lengthens the run.
+    gap = ds["makespan_ns"].sel(workload_mode="stream")
+    assert bool((gap.sel(workload_launch_gap_ns=3000.0) > gap.sel(workload_launch_gap_ns=0.0)).all())
+
+
+def test_workload_structure_is_not_swept():
+    bad = WORKLOAD_SPEC.replace("\"workload.launch_gap_ns\"", "\"workload.streams\"").replace("[0.0, 3000.0]", "[1, 2]")
+    with pytest.raises(js.JaxschedError, match="workload.streams"):
+        sweep.loads(bad)
