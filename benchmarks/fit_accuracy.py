@@ -10,9 +10,10 @@ Sections (`--only` picks some; all by default):
   errors (RMS of error / sd). Also with per-CTA work variation (+-25 %) and on the memory-bound
   `sweeps/kernels/fma_ldg.toml` shape, where the clock hardly shows in the timing.
 - `surrogate`: the surrogate against the exact engine on `--maps` chips (4-wave kernel with load
-  imbalance; hardware, weighted, closed-loop dispatch): error of the hard model, and of the soft
-  model at each temperature (against the engine and against the hard model). For scale, the
-  engine's own makespan spread over four rotations of the hardware SM order on one chip.
+  imbalance; every dispatch policy): error of the hard model, and of the soft model at each
+  temperature (against the engine and against the hard model, per policy); the straight-through
+  forward pass against the hard one. For scale, the engine's own makespan spread over four
+  rotations of the hardware SM order on one chip.
 - `gradients`: `jax.grad` of the soft surrogate (float64, T = 0.05) against central finite
   differences, for SM clocks, a dispatch weight, the EMA smoothing and an EMA prior.
 - `dispatch`: `sweeps/fit_dispatch.toml` (or `--spec`): fit through the surrogate, then every
@@ -20,7 +21,7 @@ Sections (`--only` picks some; all by default):
   the same mean clock); plus the proposed per-SM EMA prior (`closed_loop_per_sm`), run through
   the engine's internal entry point as a *prototype* (the public API takes one prior).
 
-    python benchmarks/fit_accuracy.py [--only speeds surrogate gradients dispatch] [--chips 4]
+    python benchmarks/fit_accuracy.py [--only speeds surrogate gradients dispatch] [--arch h200] [--chips 4]
         [--maps 4] [--spec sweeps/fit_dispatch.toml] [--out results/fit_accuracy] > fit_accuracy.json
 """
 
@@ -42,13 +43,13 @@ from jaxsched import surrogate as sg
 from jaxsched import trace
 from jaxsched.surrogate import dispatch_fit, dispatch_spec, speeds
 
-ARCH = js.presets.get("h200")
+ARCH = js.presets.get("h200")  # `--arch` replaces it (a preset name or an arch TOML)
 COMPUTE = "loop 64\n fma dep\nend"
 SPREAD16 = "loop 64 cta_spread=16\n fma dep\nend"
 FMA_LDG = "loop 4 cta_spread=2\n ldg bytes=128\n fma\n fma dep\n fma dep\n fma dep\nend"
 IMBALANCED = "loop 64 cta_spread=8\n fma dep\nend"
-TEMPERATURES = (0.3, 0.1, 0.03, 0.01, 1e-3, 1e-4, 1e-5)
-POLICIES = ("hardware", "weighted", "closed_loop")
+TEMPERATURES = (0.3, 0.1, 0.03, 0.01, 1e-3, 1e-4, 1e-5, 1e-6, 1e-7)
+POLICIES = js.DISPATCH_POLICIES
 
 
 def _say(message: str) -> None:
@@ -129,15 +130,23 @@ def surrogate_section(args) -> dict:
     work, exact = _exact_and_work(kernel, clk, list(POLICIES))
     exact = exact.reshape(len(clk), len(POLICIES))
     hard = np.zeros_like(exact)
+    straight = np.zeros_like(exact)
     soft = np.zeros((len(TEMPERATURES),) + exact.shape)
     for i, c in enumerate(clk):
         mhz = np.asarray(c.sm_freq_mhz, np.float32)
         launch = sg.make_launch(ARCH, kernel, mhz, work)
         params = sg.dispatch_params(ARCH, mhz)
+
+        def run(pol, t, mode, launch=launch, params=params):
+            return float(sg.schedule(launch, params, t, policy=pol, mode=mode, max_slots=8).makespan_ns)
+
         for j, pol in enumerate(POLICIES):
-            hard[i, j] = float(sg.schedule(launch, params, 0.0, policy=pol, mode="hard", max_slots=8).makespan_ns)
+            hard[i, j] = run(pol, 0.0, "hard")
+            straight[i, j] = run(pol, 0.1, "straight_through")
             for k, t in enumerate(TEMPERATURES):
-                soft[k, i, j] = float(sg.schedule(launch, params, t, policy=pol, mode="soft", max_slots=8).makespan_ns)
+                soft[k, i, j] = run(pol, t, "soft")
+            _say(f"surrogate map {i} {pol}: hard {hard[i, j] / exact[i, j] - 1:+.4f} vs engine; soft vs hard "
+                 + " ".join(f"{t:g}:{soft[k, i, j] / hard[i, j] - 1:+.2e}" for k, t in enumerate(TEMPERATURES)))
     _, rotations = _exact_and_work(kernel, clk[:1], ["hardware"], starts=[0, 33, 66, 99])
     table = []
     for k, t in enumerate(TEMPERATURES):
@@ -145,13 +154,16 @@ def surrogate_section(args) -> dict:
         table.append({"temperature": t, "mean_abs_error_vs_exact": float(vs_exact.mean()),
                       "max_abs_error_vs_exact": float(vs_exact.max()),
                       "mean_abs_error_vs_hard": float(vs_hard.mean()), "max_abs_error_vs_hard": float(vs_hard.max()),
-                      "per_policy_mean_vs_exact": dict(zip(POLICIES, vs_exact.mean(0).tolist()))})
+                      "per_policy_mean_vs_exact": dict(zip(POLICIES, vs_exact.mean(0).tolist())),
+                      "per_policy_mean_vs_hard": dict(zip(POLICIES, vs_hard.mean(0).tolist())),
+                      "per_policy_max_vs_hard": dict(zip(POLICIES, vs_hard.max(0).tolist()))})
     hard_err = hard / exact - 1
     return {
         "kernel": "compute_4wave (loop 64 cta_spread=8, fma dep; 4224 CTAs)", "maps": len(clk),
         "hard_vs_exact": {"mean_abs": float(np.abs(hard_err).mean()), "max_abs": float(np.abs(hard_err).max()),
                           "per_policy_mean_abs": dict(zip(POLICIES, np.abs(hard_err).mean(0).tolist()))},
         "soft_by_temperature": table,
+        "straight_through_vs_hard_max_abs": float(np.abs(straight / hard - 1).max()),
         "engine_spread_over_dispatch_start": float(rotations.max() / rotations.min() - 1),
         "exact_makespan_ns": exact.tolist(),
     }
@@ -290,12 +302,15 @@ SECTIONS = {"speeds": speed_section, "surrogate": surrogate_section, "gradients"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", default="h200", help="preset name or arch TOML (e.g. sweeps/arches/h200_8sm.toml)")
     parser.add_argument("--only", nargs="+", choices=sorted(SECTIONS), default=list(SECTIONS))
     parser.add_argument("--chips", type=int, default=4, help="chips per speed-fit case")
     parser.add_argument("--maps", type=int, default=4, help="chips for the surrogate's error table")
     parser.add_argument("--spec", default=str(Path(__file__).resolve().parent.parent / "sweeps" / "fit_dispatch.toml"))
     parser.add_argument("--out", default=None, help="folder for the dispatch dataset and figure")
     args = parser.parse_args()
+    global ARCH
+    ARCH = js.load_arch(args.arch) if args.arch.endswith(".toml") else js.presets.get(args.arch)
     report = {"device": str(jax.devices()[0]), "arch": ARCH.name}
     for name in args.only:
         t0 = time.perf_counter()

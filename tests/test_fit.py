@@ -121,7 +121,7 @@ def _problem(work, seeds) -> dispatch_fit.Problem:
 
 
 def test_per_chip_dispatch_fits_are_independent_fits_in_one_call(spread_work):
-    kw = dict(steps=3, learning_rate=0.1, temperature=0.05, max_slots=8, per_chip=True)
+    kw = {"steps": 3, "learning_rate": 0.1, "temperature": 0.05, "max_slots": 8, "per_chip": True}
     first = dispatch_fit.fit(_problem(spread_work, (0, 1)), "closed_loop", **kw)
     second = dispatch_fit.fit(_problem(spread_work, (0, 2)), "closed_loop", **kw)
     assert first.loss.shape == (3, 2) and first.theta["alpha_logit"].shape == (2,)

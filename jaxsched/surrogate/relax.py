@@ -17,7 +17,8 @@ constant in the dispatch parameters. The surrogate keeps the engine's structure 
   kept hard: it has no parameter), `weighted` (`weight / (resident + 1)`), `closed_loop` (EMA of
   observed slot occupancies per SM in order of completion, censored by the oldest running CTA,
   earliest expected finish, and the tail *hold*: when the CTAs left are no more than the
-  occupied slots expected to finish a CTA clearly earlier, the CTA waits for the first of them).
+  occupied slots, and free slots still in their launch latency, expected to finish a CTA
+  clearly earlier, the CTA waits for the first of them).
 
 Relaxation at temperature `T` (dimensionless; scores are in slots, log-weights or CTA
 occupancies `d`, the mean occupancy at the mean clock):
@@ -28,7 +29,9 @@ occupancies `d`, the mean occupancy at the mean clock):
   updates each in proportion (mean field): free times, start times and EMA estimates become
   expectations; the work placed is conserved. Choices below `DUST` (1 %) of the likeliest one are
   dropped (faded out continuously between 1 and 2 %) and the rest renormalised: a sliver of a
-  CTA would make a free slot look busy.
+  CTA would make a free slot look busy. Exact ties (equal scores: slots of equal-work CTAs that
+  started together) go to the first entry, as in `hard`, not split: a split leaves a mixture
+  that no `T -> 0` undoes.
 - **Events stay exact.** "Slot usable at `t`", "CTA still running" and "completion seen by the
   EMA" are exact 0/1 with no gradient of their own: their timing carries the gradient (the
   dispatch time `t` is an exact `min` of usable times, piecewise linear). Softening them would let a CTA start at `t` in a slot
@@ -97,7 +100,10 @@ class _Relax:
         if self.mode == "hard":
             return hard
         soft = soft_fn()
-        return soft if self.mode == "soft" else hard + soft - jax.lax.stop_gradient(soft)
+        # `soft - stop_gradient(soft)` is exactly 0 in the forward pass, so the sum is exactly
+        # `hard`; `(hard + soft) - soft` would round, and 1-ulp errors break the exact ties of the
+        # hard schedule (equal free times), which changes decisions downstream
+        return soft if self.mode == "soft" else hard + (soft - jax.lax.stop_gradient(soft))
 
     def gate(self, x: Array) -> Array:
         """Exact `x >= 0`: an event (a slot frees, a finish is earlier) is discrete in every mode;
@@ -120,7 +126,10 @@ class _Relax:
         hard = jax.nn.one_hot(jnp.argmax(jnp.where(flat_a > 0.5, flat_s, -jnp.inf)), flat_s.size, dtype=score.dtype)
 
         def soft() -> Array:
-            z = flat_a * jnp.exp(jnp.minimum((flat_s - jnp.where(jnp.isfinite(best), best, 0.0)) / tau, 0.0))
+            # exact ties go to the first entry, as in `hard`: splitting a CTA between two slots
+            # that free at the same instant would leave a mixture that no T -> 0 undoes
+            gap = jnp.minimum((flat_s - jnp.where(jnp.isfinite(best), best, 0.0)) / tau, 0.0)
+            z = flat_a * _first_of_ties(flat_s, flat_a) * jnp.exp(gap)
             total = jnp.sum(z)
             some = total > 1e-20  # nothing allowed: no weight anywhere (and no 0/0 in the gradient)
             z = jnp.where(some, z / jnp.where(some, total, 1.0), 0.0)
@@ -135,6 +144,15 @@ class _Relax:
     def max(self, x: Array, mask: Array) -> Array:
         hard = jnp.max(jnp.where(mask, x, -_BIG_NS))
         return self._mix(hard, lambda: self.tau_time * jax.nn.logsumexp(jnp.where(mask, x / self.tau_time, -_BIG_NS)))
+
+
+def _first_of_ties(score: Float[Array, " n"], allowed: Float[Array, " n"]) -> Float[Array, " n"]:
+    """0/1 (no gradient): allowed entries with no allowed entry of exactly equal score before them."""
+    key = jax.lax.stop_gradient(jnp.where(allowed > 0.5, score, jnp.inf))
+    order = jnp.argsort(key, stable=True)  # equal scores stay in index order
+    ranked = key[order]
+    repeat = jnp.concatenate([jnp.zeros((1,), bool), (ranked[1:] == ranked[:-1]) & jnp.isfinite(ranked[1:])])
+    return jnp.zeros_like(score).at[order].set(1.0 - repeat.astype(score.dtype))
 
 
 def _first(free: Float[Array, "sm slot"]) -> Float[Array, "sm slot"]:
@@ -201,9 +219,13 @@ def _step(state: _State, cta, *, launch: SurrogateLaunch, params: DispatchParams
 
     if policy == "closed_loop":
         e_cand = jnp.sum(p * est)
-        finish = jnp.maximum(t, state.start_ns + est[:, None]) + est[:, None]
+        # slots expected to finish a CTA: occupied ones after their occupant, free ones still in
+        # their launch latency (`launching`) from when they become usable (docs/model.md 9)
+        launching = usable * state.used * relax.gate(t - state.end_ns) * (1.0 - relax.gate(t - a))
+        finish = jnp.where(launching > 0, a, jnp.maximum(t, state.start_ns + est[:, None])) + est[:, None]
         # strictly earlier: finish + e/8 < t + e (the 1e-3 ns keeps exact equality out)
-        better = occupied * relax.step(t + e_cand - e_cand / HOLD_MARGIN - finish - 1e-3, relax.tau_time)
+        better = (occupied + launching) * relax.step(t + e_cand - e_cand / HOLD_MARGIN - finish - 1e-3,
+                                                     relax.tau_time)
         n_better = jnp.sum(better)
         hold = valid * jnp.minimum(n_better, 1.0) * relax.step(n_better - left + 0.5, relax.tau_score)
         r = relax.choose(t - a, better, relax.tau_time)
