@@ -11,6 +11,7 @@ Spec (see `sweeps/demo.toml`, `sweeps/random_design.toml`):
     replicates = 4                   # independent clock-map draws per point
     seed = 0
     chunk = 64                       # configurations per batched call (default: sized to memory)
+    cta_trace = false                # true: keep every configuration's per-CTA trace (dim `cta`)
     [clocks]  model = "gaussian", mean_ghz = 1.9, sigma = 0.05   # per-SM clock map, see `clock_map`
     [policy]  warp = "gto", dispatch = "hardware", dispatch_start = 0,
               weights = "clocks", ema_alpha = 0.25, ema_prior_ns = 0.0
@@ -140,7 +141,8 @@ from .sweep_design import CONFIG_DIM, Design, design_coords
 from .sweep_paths import Point
 from .workload import OVERHEAD_FIELDS, Workload, make_workload
 
-_TOP_KEYS = ("title", "arch", "kernel", "kernels", "replicates", "seed", "chunk", "grid", "design") + sweep_paths.TABLES
+_TOP_KEYS = ("title", "arch", "kernel", "kernels", "replicates", "seed", "chunk", "cta_trace", "grid",
+             "design") + sweep_paths.TABLES
 _LAUNCH_GROUPS = ("arch", "kernel")  # the path groups that decide whether a point can launch
 
 
@@ -157,6 +159,7 @@ class Sweep:
     replicates: int
     seed: int
     chunk: int | None  # configurations per batched call; None: sized to device memory
+    cta_trace: bool  # keep the per-CTA trace (SM, start, end, launch) of every configuration
     feasible: np.ndarray  # bool, point shape
     infeasible_reason: np.ndarray  # str, point shape ("" where feasible)
     max_grid_ctas: int  # the largest grid of any feasible point (sizes the engine state)
@@ -220,6 +223,8 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Swee
     chunk = doc.get("chunk")
     check(chunk is None or (isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 1),
           f"{source}: chunk", chunk, "an integer >= 1")
+    cta_trace = doc.get("cta_trace", False)
+    check(isinstance(cta_trace, bool), f"{source}: cta_trace", cta_trace, "true or false")
     grid = _parse_grid(doc.get("grid", {}), base, source)
     design = None
     if "design" in doc:
@@ -230,7 +235,7 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Swee
     swept = [(f"grid.{p}", p) for p in grid] + [(f"design.{f.path}", f.path) for f in (design.factors if design else ())]
     _check_distinct_paths(base, swept, source)
     partial = Sweep(title=str(doc.get("title", source)), text=text, base=base, grid=grid, design=design,
-                    replicates=replicates, seed=seed, chunk=chunk, feasible=np.ones((), bool),
+                    replicates=replicates, seed=seed, chunk=chunk, cta_trace=cta_trace, feasible=np.ones((), bool),
                     infeasible_reason=np.asarray(""),
                     max_grid_ctas=int(kernel.grid_ctas) * max(1, base["workload"]["launches"]))
     _check_dvfs(partial, source)
@@ -681,9 +686,28 @@ VARIABLES: dict[str, tuple[tuple[str, ...], type, dict]] = {
                        {"units": "1", "long_name": "share of warp-cycles in each state (Nsight names)"}),
 }
 
+# With `cta_trace = true`: the per-CTA trace, CTAs in grid order (over a workload's launches, in
+# launch order); entries past a configuration's grid are -1 / NaN.
+TRACE_VARIABLES: dict[str, tuple[tuple[str, ...], type, dict]] = {
+    "cta_sm": (("cta",), np.int32, {"units": "1", "long_name": "SM that ran the CTA (-1: no such CTA)"}),
+    "cta_kernel": (("cta",), np.int32, {"units": "1", "long_name": "launch the CTA belongs to (-1: no such CTA)"}),
+    "cta_start_ns": (("cta",), np.float64, {"units": "ns", "long_name": "CTA start (its dispatch tick)"}),
+    "cta_end_ns": (("cta",), np.float64, {"units": "ns", "long_name": "CTA end (end of its last tick)"}),
+}
+
+
+def variables(sweep: Sweep) -> dict[str, tuple[tuple[str, ...], type, dict]]:
+    """The dataset's variables: (extra dimensions, dtype, attributes) by name."""
+    return {**VARIABLES, **(TRACE_VARIABLES if sweep.cta_trace else {})}
+
 
 def _fill(dtype) -> object:
     return np.nan if np.issubdtype(dtype, np.floating) else dtype(0)
+
+
+def _fill_of(name: str, dtype) -> object:
+    """What a configuration not (yet) run holds: NaN, 0 for counts, -1 for trace indices."""
+    return dtype(-1) if name in ("cta_sm", "cta_kernel") else _fill(dtype)
 
 
 def _variables(sweep: Sweep, configs: list[Config], result: Result) -> dict[str, np.ndarray]:
@@ -707,13 +731,20 @@ def _variables(sweep: Sweep, configs: list[Config], result: Result) -> dict[str,
         "achieved_occupancy": per_sm("sm_warp_cycles") / np.maximum(busy, 1) / result.max_warps_per_sm,
         "stall_fraction": stalls / np.maximum(stalls.sum(-1, keepdims=True), 1),
     }
-    return {k: v.astype(VARIABLES[k][1]) for k, v in values.items()}
+    if sweep.cta_trace:
+        n = sweep.max_grid_ctas
+        sm = np.asarray(result.cta_sm)[:, :n]
+        ran = sm >= 0
+        values.update(cta_sm=sm, cta_kernel=np.where(ran, np.asarray(result.cta_kernel)[:, :n], -1),
+                      cta_start_ns=np.where(ran, np.asarray(result.cta_start_ns)[:, :n], np.nan),
+                      cta_end_ns=np.where(ran, np.asarray(result.cta_end_ns)[:, :n], np.nan))
+    return {k: v.astype(variables(sweep)[k][1]) for k, v in values.items()}
 
 
 def _unfilled(sweep: Sweep, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
     """Every variable at its fill value (NaN, or 0 for counts) over configurations `shape`."""
-    return {name: np.full(shape + _extra_shape(sweep, extra), _fill(dtype), dtype=dtype)
-            for name, (extra, dtype, _) in VARIABLES.items()}
+    return {name: np.full(shape + _extra_shape(sweep, extra), _fill_of(name, dtype), dtype=dtype)
+            for name, (extra, dtype, _) in variables(sweep).items()}
 
 
 def _compute_chunk(sweep: Sweep, layout: Layout, i: int, runner: Runner, batch: int) -> dict[str, np.ndarray]:
@@ -770,7 +801,7 @@ def _attrs(sweep: Sweep, layout: Layout, device: str) -> dict:
 def _dataset(sweep: Sweep, layout: Layout, arrays: dict, attrs: dict, done=None) -> xr.Dataset:
     enabled = np.asarray(sweep.arch.sm_enabled)
     xy = np.asarray(sweep.arch.sm_xy_mm, dtype=np.float64)[enabled]
-    data = {name: (layout.dims + extra, arrays[name], dict(a)) for name, (extra, _, a) in VARIABLES.items()}
+    data = {name: (layout.dims + extra, arrays[name], dict(a)) for name, (extra, _, a) in variables(sweep).items()}
     if done is not None:
         data["done"] = (layout.dims, done, {"long_name": "configuration computed and written (resume record)"})
     points = point_dims(sweep)
@@ -795,7 +826,8 @@ def _dataset(sweep: Sweep, layout: Layout, arrays: dict, attrs: dict, done=None)
 
 
 def _extra_shape(sweep: Sweep, extra: tuple[str, ...]) -> tuple[int, ...]:
-    sizes = {"sm": int(np.sum(np.asarray(sweep.arch.sm_enabled))), "stall_reason": len(STALL_REASONS)}
+    sizes = {"sm": int(np.sum(np.asarray(sweep.arch.sm_enabled))), "stall_reason": len(STALL_REASONS),
+             "cta": sweep.max_grid_ctas}
     return tuple(sizes[d] for d in extra)
 
 
@@ -825,8 +857,8 @@ def run(sweep: Sweep, progress: Callable[[int, int, float], None] | None = None,
 
 def create_store(path: Path, sweep: Sweep, layout: Layout, device: str) -> None:
     """Write the template: full shape, metadata and coordinates, no data chunks."""
-    arrays = {name: np.broadcast_to(np.asarray(_fill(dtype), dtype=dtype), layout.shape + _extra_shape(sweep, extra))
-              for name, (extra, dtype, _) in VARIABLES.items()}
+    arrays = {name: np.broadcast_to(np.asarray(_fill_of(name, dtype), dtype=dtype), layout.shape + _extra_shape(sweep, extra))
+              for name, (extra, dtype, _) in variables(sweep).items()}
     ds = _dataset(sweep, layout, arrays, _attrs(sweep, layout, device),
                   done=np.broadcast_to(np.asarray(False), layout.shape))
     block = dict(ds.sizes) | dict(zip(layout.dims, layout.block))  # sm, stall_reason: whole
@@ -842,7 +874,8 @@ def create_store(path: Path, sweep: Sweep, layout: Layout, device: str) -> None:
 def _write_chunk(path: Path, layout: Layout, i: int, values: dict[str, np.ndarray]) -> None:
     """Chunk `i`'s data, then its `done` record (a kill in between only loses this chunk)."""
     region = dict(zip(layout.dims, layout.region(i)))
-    data = {name: (layout.dims + VARIABLES[name][0], v) for name, v in values.items()}
+    extra = {**VARIABLES, **TRACE_VARIABLES}
+    data = {name: (layout.dims + extra[name][0], v) for name, v in values.items()}
     xr.Dataset(data).to_zarr(path, region=region, consolidated=False)
     shape = tuple(s.stop - s.start for s in region.values())
     xr.Dataset({"done": (layout.dims, np.ones(shape, dtype=bool))}).to_zarr(path, region=region, consolidated=False)
@@ -1137,7 +1170,7 @@ def describe(path: str | Path) -> str:
     else:
         lines.append(f"  completion  : complete ({int(np.prod([ds.sizes[d] for d in sweep_dims_]))} configurations, netCDF)")
     lines.append("  variables   : " + ", ".join(
-        f"{k} [{ds[k].attrs.get('units', '')}]" for k in ds.data_vars if k in VARIABLES))
+        f"{k} [{ds[k].attrs.get('units', '')}]" for k in ds.data_vars if k in VARIABLES or k in TRACE_VARIABLES))
     return "\n".join(lines)
 
 

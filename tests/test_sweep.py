@@ -175,3 +175,21 @@ def test_workload_structure_is_not_swept():
     bad = WORKLOAD_SPEC.replace("\"workload.launch_gap_ns\"", "\"workload.streams\"").replace("[0.0, 3000.0]", "[1, 2]")
     with pytest.raises(js.JaxschedError, match="workload.streams"):
         sweep.loads(bad)
+
+
+def test_cta_trace_in_the_dataset(tmp_path):
+    """`cta_trace = true` keeps every configuration's per-CTA trace (dimension `cta`), equal to a
+    direct run's, through the zarr store and the netCDF."""
+    spec = sweep.loads(WORKLOAD_SPEC.replace("chunk = 8", "chunk = 8\ncta_trace = true"))
+    assert sweep.execute(spec, tmp_path, log=lambda _: None).complete
+    ds = xr.open_dataset(tmp_path / "sweep.nc", engine="h5netcdf")
+    xr.testing.assert_equal(ds["cta_sm"], sweep.open_result(tmp_path)["cta_sm"])
+    assert ds["cta_sm"].dims[-1] == "cta" and ds.sizes["cta"] == 3 * 40
+    c = list(sweep.configurations(spec))[-1]
+    direct = js.simulate(c.arch, c.kernel, c.clocks, warp_policy=c.warp_policy, dispatch=c.dispatch)
+    sel = {k.replace(".", "_"): spec.grid[k][i] for k, i in zip(spec.grid, c.index)}
+    got = ds.sel(sel).isel(replicate=c.replicate)
+    np.testing.assert_array_equal(got["cta_sm"].values, np.asarray(direct.cta_sm)[:120])
+    np.testing.assert_array_equal(got["cta_kernel"].values, np.repeat([0, 1, 2], 40))
+    np.testing.assert_allclose(got["cta_end_ns"].values, np.asarray(direct.cta_end_ns)[:120])
+    assert float(got["cta_end_ns"].max()) == float(got["makespan_ns"])
