@@ -28,7 +28,8 @@ PY
 }
 python -c "import zarr" 2>/dev/null || echo "no zarr here: sweeps run in memory (sweep.run) instead of the CLI" | tee -a "$OUT/times.txt"
 # Sweep stores live in WORK, outside OUT: a call cut by the device's time limit leaves the store
-# on the (still warm) machine, and the next call finishes it with --resume.
+# on the (still warm) machine, and the next call finishes it with --resume. `die` at the spec's
+# 200 chips per point (12000 configurations, ~13 min on one H200) needs two such calls.
 WORK=${WORK:-/tmp/jaxsched_work}
 mkdir -p "$WORK"
 cli_or_memory() {  # cli_or_memory NAME SPEC VARS...
