@@ -4,7 +4,8 @@ table (stdout) and a figure.
 
 The fluid bound needs each kernel's per-CTA work: it is measured here with two runs of the kernel
 on a uniform chip (1980 and 1188 MHz, work split into clock-scaled cycles and fixed ns), then
-evaluated on every configuration's clock map.
+evaluated on every configuration's clock map, with the architecture's CTA launch latency
+between a slot's CTAs (`bounds.fluid_ns`'s `launch_ns`).
 
     python benchmarks/die_scaling_report.py OUT|reduced.nc [--png docs/img/die_scaling.png]
 """
@@ -36,7 +37,8 @@ def fluid_bounds(ds, arch: js.Arch, kernel: js.Kernel, variant: str) -> np.ndarr
     full = np.zeros(mhz.shape[:-1] + (arch.n_sm_slots,), np.float32)
     full[..., : mhz.shape[-1]] = mhz  # enabled SMs are the first slots
     flat = full.reshape(-1, arch.n_sm_slots)
-    fluid = jax.jit(jax.vmap(lambda f: bounds.fluid_ns(work, f)))(flat)
+    launch_ns = float(arch.cta_launch_ns)  # a freed slot's next CTA starts this much later
+    fluid = jax.jit(jax.vmap(lambda f: bounds.fluid_ns(work, f, launch_ns)))(flat)
     return np.asarray(fluid).reshape(mhz.shape[:-1])
 
 

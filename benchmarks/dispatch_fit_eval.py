@@ -70,11 +70,6 @@ def _spec_text(args) -> str:
             f'temperature = {args.temperature}\nper_chip = false\n')
 
 
-def _with_latency(work: bounds.Work, latency_ns: float) -> bounds.Work:
-    return bounds.Work(cycles=work.cycles, ns=jnp.where(work.valid, work.ns + latency_ns, 0.0), valid=work.valid,
-                       slots_per_sm=work.slots_per_sm)
-
-
 def _steady_state_work(spec, kernel: js.Kernel) -> bounds.Work:
     """Slot work with first-wave occupancies replaced by steady-state ones (module doc)."""
     runs = launch.uniform_runs(spec.arch, kernel, spec.warp_policy)
@@ -93,9 +88,8 @@ def _steady_state_work(spec, kernel: js.Kernel) -> bounds.Work:
 
 
 def _fluid_with_latency(work: bounds.Work, clk, latency_ns: float) -> float:
-    """`max(fluid(work + L) - L, fluid(work))`: a slot waits `L` between its CTAs."""
-    mhz = jnp.asarray(clk.sm_freq_mhz)
-    return max(float(bounds.fluid_ns(_with_latency(work, latency_ns), mhz)) - latency_ns, float(bounds.fluid_ns(work, mhz)))
+    """The fluid bound when a slot waits `L` between its CTAs (`bounds.fluid_ns`'s `launch_ns`)."""
+    return float(bounds.fluid_ns(work, jnp.asarray(clk.sm_freq_mhz), latency_ns))
 
 
 def _table(ds, spec, kernel: str, extra: dict[str, np.ndarray]) -> tuple[list[str], dict]:

@@ -21,6 +21,13 @@ from the simulator itself; docs/bounds.md defines them in full and states their 
   order (or longest first) each go to the slot where they would finish first (list scheduling).
   An upper bound on the model's optimum, never below the fluid bound.
 
+**CTA launch latency** (`launch_ns`, docs/model.md section 9: a freed slot takes its next CTA
+`cta_launch_ns` later). A slot that runs `k` CTAs needs `sum a + (k - 1) L <= T`, that is
+`sum (a + L) <= T + L`: both bounds are computed on the work `a + L` and lowered by `L` (for the
+clairvoyant schedule this is exact: each slot's next CTA starts `L` after its last ended; for the
+fluid bound it stays a valid lower bound). `launch_ns = 0` (the default) is the model without
+latency.
+
 Both add the engine's launch tick, `1000 / max_s f_s` ns (CTAs are dispatched at tick 0 and
 issue from tick 1; docs/model.md section 2). Everything after `work_from_uniform` is `jax.numpy`
 with static shapes: `jit` and `vmap` over clock maps and works (of one `slots_per_sm`) work.
@@ -163,8 +170,14 @@ def _launch_tick_ns(sm_freq_mhz: Float[Array, " sm"]) -> Float[Array, ""]:
     return 1000.0 / jnp.max(sm_freq_mhz).astype(jnp.float32)
 
 
+def _plus_latency(work: Work, launch_ns: Float[Array, ""] | float) -> Work:
+    """The work with every CTA's clock-independent part lengthened by the slot's launch latency."""
+    return Work(cycles=work.cycles, ns=jnp.where(work.valid, work.ns + launch_ns, 0.0), valid=work.valid,
+                slots_per_sm=work.slots_per_sm)
+
+
 @jax.jit
-def fluid_ns(work: Work, sm_freq_mhz: Float[Array, " sm"]) -> Float[Array, ""]:
+def fluid_ns(work: Work, sm_freq_mhz: Float[Array, " sm"], launch_ns: Float[Array, ""] | float = 0.0) -> Float[Array, ""]:
     """Fluid lower bound (ns): max(LP-relaxation bound, longest CTA on the fastest SM) + launch tick.
 
     LP: `min T` with `sum_s x_cs = 1` over the slots and `sum_c x_cs a_cs <= T` per slot. Any
@@ -172,9 +185,17 @@ def fluid_ns(work: Work, sm_freq_mhz: Float[Array, " sm"]) -> Float[Array, ""]:
     `v_s` proportional to the slot's effective speed `1 / (1000 C / f_s + N)` (`C`, `N`: total
     cycles and ns) the bound is exactly total work over total speed whenever every CTA has the
     same `ns / cycles` ratio (in particular `ns = 0`: `1000 C / (slots_per_sm sum_s f_s)`), and a
-    valid lower bound of the model always.
+    valid lower bound of the model always. With a launch latency `L` it is the larger of the
+    bound on the work `a + L` lowered by `L` (module doc) and the bound without latency (both
+    valid; the weights differ, so either may be the tighter).
     """
     f = jnp.asarray(sm_freq_mhz).astype(jnp.float32)
+    with_latency = _fluid_core(_plus_latency(work, launch_ns), f) - launch_ns
+    return jnp.maximum(with_latency, _fluid_core(work, f)) + _launch_tick_ns(f)
+
+
+def _fluid_core(work: Work, f: Float[Array, " sm"]) -> Float[Array, ""]:
+    """max(LP-relaxation bound, longest CTA on the fastest SM), without the launch tick."""
     enabled = f > 0
     a = _cta_ns(work, f)
     c_total = jnp.sum(jnp.where(work.valid, work.cycles, 0.0))
@@ -187,7 +208,7 @@ def fluid_ns(work: Work, sm_freq_mhz: Float[Array, " sm"]) -> Float[Array, ""]:
     weighted = jnp.min(jnp.where(enabled[None, :], speed[None, :] * a, jnp.inf), axis=1)
     lp_ns = jnp.sum(jnp.where(work.valid, weighted, 0.0)) / (work.slots_per_sm * jnp.sum(speed))
     longest_ns = jnp.max(jnp.where(work.valid, jnp.min(a, axis=1), 0.0))
-    return jnp.maximum(lp_ns, longest_ns) + _launch_tick_ns(f)
+    return jnp.maximum(lp_ns, longest_ns)
 
 
 def _longest_first(work: Work, sm_freq_mhz: Float[Array, " sm"]) -> Work:
@@ -198,14 +219,17 @@ def _longest_first(work: Work, sm_freq_mhz: Float[Array, " sm"]) -> Work:
 
 
 @functools.partial(jax.jit, static_argnames=("longest_first",))
-def clairvoyant_ns(work: Work, sm_freq_mhz: Float[Array, " sm"], *, longest_first: bool = False) -> Float[Array, ""]:
-    """Makespan (ns) of the clairvoyant earliest-finish list schedule, plus the launch tick.
+def clairvoyant_ns(work: Work, sm_freq_mhz: Float[Array, " sm"], launch_ns: Float[Array, ""] | float = 0.0, *,
+                   longest_first: bool = False) -> Float[Array, ""]:
+    """Makespan (ns) of the clairvoyant earliest-finish list schedule, plus the launch tick; a
+    slot takes its next CTA `launch_ns` after its last one ended.
 
     CTAs go one by one (grid order, or longest first) to the slot where they finish first; ties
     go to the faster SM, then to the lower SM and slot index, so the result does not depend on
     how the SMs are numbered.
     """
     f = jnp.asarray(sm_freq_mhz).astype(jnp.float32)
+    work = _plus_latency(work, launch_ns)
     if longest_first:
         work = _longest_first(work, f)
     k = work.slots_per_sm
@@ -220,13 +244,14 @@ def clairvoyant_ns(work: Work, sm_freq_mhz: Float[Array, " sm"], *, longest_firs
         return jnp.where(valid, free_ns.at[slot].set(finish[slot]), free_ns), None
 
     free_ns, _ = jax.lax.scan(place, jnp.zeros(usable.shape, jnp.float32), (_cta_ns(work, f), work.valid))
-    return jnp.max(jnp.where(usable, free_ns, 0.0)) + _launch_tick_ns(f)
+    return jnp.max(jnp.where(usable, free_ns, 0.0)) - launch_ns + _launch_tick_ns(f)
 
 
-def bounds(work: Work, sm_freq_mhz: Float[Array, " sm"] | ArrayLike) -> Bounds:
+def bounds(work: Work, sm_freq_mhz: Float[Array, " sm"] | ArrayLike, launch_ns: Float[Array, ""] | float = 0.0) -> Bounds:
     """The fluid bound and both clairvoyant schedules of one launch (`jax.vmap` it for many).
 
-    `sm_freq_mhz`: one clock per SM slot, 0 on floorswept SMs (`Clocks.sm_freq_mhz`).
+    `sm_freq_mhz`: one clock per SM slot, 0 on floorswept SMs (`Clocks.sm_freq_mhz`);
+    `launch_ns`: the CTA launch latency of a freed slot (`Arch.cta_launch_ns`; 0: none).
     """
     f = jnp.asarray(sm_freq_mhz)
     if not isinstance(f, jax.core.Tracer):
@@ -234,9 +259,9 @@ def bounds(work: Work, sm_freq_mhz: Float[Array, " sm"] | ArrayLike) -> Bounds:
               f"shape {f.shape}, min {float(jnp.min(f)) if f.size else 'none'}",
               "one clock >= 0 MHz per SM slot, at least one SM running")
     return Bounds(
-        fluid_ns=fluid_ns(work, f),
-        clairvoyant_ns=clairvoyant_ns(work, f),
-        clairvoyant_lpt_ns=clairvoyant_ns(work, f, longest_first=True),
+        fluid_ns=fluid_ns(work, f, launch_ns),
+        clairvoyant_ns=clairvoyant_ns(work, f, launch_ns),
+        clairvoyant_lpt_ns=clairvoyant_ns(work, f, launch_ns, longest_first=True),
     )
 
 
