@@ -27,12 +27,11 @@ Schema (every section optional when `base` names a preset to start from):
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from pathlib import Path
 
 import numpy as np
 
-from . import presets
+from . import presets, tomldoc
 from .arch import Arch, make_arch
 from .errors import JaxschedError, check
 from .hierarchy import build_hierarchy
@@ -98,18 +97,12 @@ def save(arch: Arch, path: str | Path) -> None:
 
 def loads(text: str, source: str = "<string>") -> Arch:
     """Parse TOML text into a validated `Arch`."""
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise JaxschedError(source, "malformed TOML", str(exc)) from None
-    return from_dict(doc, source)
+    return from_dict(tomldoc.parse(text, source), source)
 
 
 def load(path: str | Path) -> Arch:
     """Read an `Arch` from a TOML file."""
-    p = Path(path)
-    check(p.is_file(), "arch file", str(p), "no such file")
-    return loads(p.read_text(), source=str(p))
+    return from_dict(tomldoc.read(path, "arch file"), str(path))
 
 
 def from_dict(doc: dict, source: str = "<dict>") -> Arch:

@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import archio, clocks, fit_cli, presets, probe_cli
+from . import archio, clocks, fit_cli, presets, probe_cli, tomldoc
 from .arch import Arch
 from .errors import JaxschedError, check
 from .lower import DISPATCH_POLICIES, WARP_POLICIES
@@ -123,18 +123,13 @@ def cmd_occupancy(args: argparse.Namespace) -> int:
 
 def _load_run_input(path: str):
     """A kernel TOML (`[kernel]`) or a workload TOML (`[workload]`, docs/model.md section 13)."""
-    import tomllib
+    from .kernel import kernel_from_dict
+    from .workload import workload_from_dict
 
-    from .kernel import load_kernel
-    from .workload import load_workload
-
-    p = Path(path)
-    check(p.is_file(), "kernel file", str(p), "no such file")
-    try:
-        doc = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise JaxschedError(str(p), "malformed TOML", str(exc)) from None
-    return load_workload(p) if "workload" in doc else load_kernel(p)
+    doc = tomldoc.read(path, "kernel file")
+    if "workload" in doc:
+        return workload_from_dict(doc, str(path), Path(path).parent)
+    return kernel_from_dict(doc, str(path))
 
 
 @_command

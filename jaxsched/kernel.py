@@ -33,13 +33,13 @@ running a fixed trip count.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from pathlib import Path
 
 import equinox as eqx
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
+from . import tomldoc
 from .errors import JaxschedError, check
 from .isa import OP_NAMES, Op
 
@@ -336,11 +336,5 @@ def kernel_from_dict(doc: dict, source: str = "<dict>") -> Kernel:
 
 def load_kernel(path: str | Path) -> Kernel:
     """Read a kernel TOML file (a `[kernel]` table; see `sweeps/kernels/`)."""
-    p = Path(path)
-    check(p.is_file(), "kernel file", str(p), "no such file")
-    try:
-        doc = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise JaxschedError(str(p), "malformed TOML", str(exc)) from None
-    return kernel_from_dict(doc, str(p))
+    return kernel_from_dict(tomldoc.read(path, "kernel file"), str(path))
 

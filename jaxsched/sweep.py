@@ -118,7 +118,6 @@ import shutil
 import sys
 import threading
 import time
-import tomllib
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple, Sequence
 
@@ -126,7 +125,7 @@ import jax
 import numpy as np
 import xarray as xr
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from . import __version__, archio, clocks, dvfs, freqmap, presets
+from . import __version__, archio, clocks, dvfs, freqmap, presets, tomldoc
 from . import sweep_design, sweep_paths
 from .arch import Arch
 from .engine import run as engine_run
@@ -199,10 +198,7 @@ def load(path: str | Path) -> Sweep:
 
 def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Sweep:
     """Parse and validate a spec (module docstring); every point is checked, nothing runs."""
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise JaxschedError(source, "malformed TOML", str(exc)) from None
+    doc = tomldoc.parse(text, source)
     for key in doc:
         check(key in _TOP_KEYS, f"{source}: {key}", doc[key], f"unknown key; expected one of {_TOP_KEYS}")
     arch_spec = str(doc.get("arch", "h200"))

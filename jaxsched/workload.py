@@ -11,7 +11,6 @@ lowered on its own by `jaxsched.lower.lower`.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import equinox as eqx
@@ -20,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
+from . import tomldoc
 from .arch import Arch
 from .errors import JaxschedError, check
 from .kernel import Kernel, kernel_from_dict, load_kernel
@@ -230,10 +230,4 @@ def workload_from_dict(doc: dict, source: str = "<dict>", base_dir: Path | None 
 
 def load_workload(path: str | Path) -> Workload:
     """Read a workload TOML file (a `[workload]` table; see `examples/`)."""
-    p = Path(path)
-    check(p.is_file(), "workload file", str(p), "no such file")
-    try:
-        doc = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise JaxschedError(str(p), "malformed TOML", str(exc)) from None
-    return workload_from_dict(doc, str(p), p.parent)
+    return workload_from_dict(tomldoc.read(path, "workload file"), str(path), Path(path).parent)

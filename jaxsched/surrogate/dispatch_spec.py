@@ -29,7 +29,6 @@ Train map `i` draws its clocks from seed `seed * 1_000_003 + i`, test map `j` fr
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,10 +36,10 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from .. import archio, bounds, clocks, presets
+from .. import archio, bounds, clocks, presets, tomldoc
 from ..arch import Arch
 from ..engine.run import simulate_batch
-from ..errors import JaxschedError, check
+from ..errors import check
 from ..kernel import Kernel, kernel_from_dict
 from ..lower import DISPATCH_POLICIES, WARP_POLICIES
 from ..sweep import clock_map
@@ -94,22 +93,14 @@ def _kernel(entry: dict, base_dir: Path, source: str, i: int) -> Kernel:
         check(k in _KERNEL_KEYS, f"{where}.{k}", v, f"unknown key; expected one of {_KERNEL_KEYS}")
     fields = {}
     if "file" in entry:
-        path = base_dir / entry["file"]
-        check(path.is_file(), f"{where}.file", str(path), "no such file")
-        try:
-            fields = dict(tomllib.loads(path.read_text()).get("kernel", {}))
-        except tomllib.TOMLDecodeError as exc:
-            raise JaxschedError(str(path), "malformed TOML", str(exc)) from None
+        fields = dict(tomldoc.read(base_dir / entry["file"], f"{where}.file").get("kernel", {}))
     fields.update({k: v for k, v in entry.items() if k != "file"})
     fields.setdefault("name", f"kernel{i}")
     return kernel_from_dict(fields, where)
 
 
 def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> DispatchSpec:
-    try:
-        doc = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise JaxschedError(source, "malformed TOML", str(exc)) from None
+    doc = tomldoc.parse(text, source)
     for key in doc:
         check(key in _TOP, f"{source}: {key}", doc[key], f"unknown key; expected one of {_TOP}")
     arch_spec = str(doc.get("arch", "h200"))
