@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jaxsched.engine.cycle import run_tick
 from jaxsched.engine.dispatch import dispatch, variation_tables
 from jaxsched.engine.events import skip_to_next_event
+from jaxsched.engine.launches import single
 from jaxsched.engine.run import run_launch, stack
 from jaxsched.engine.state import initial_state
 from jaxsched.lower import lower, shapes_for
@@ -54,16 +55,17 @@ def main() -> None:
         variation = timed("variation_tables", jax.vmap(lambda L: variation_tables(L, shapes)),
                           launches, per_step=False)
         filled = timed("initial_dispatch", jax.vmap(
-            lambda L, V: dispatch(initial_state(shapes), L, shapes, V, jnp.int32(0))),
+            lambda L, V: dispatch(initial_state(shapes), L, shapes, V, jnp.int32(0), single(L, shapes))),
             launches, variation, per_step=False)
 
         def repeat(step):
             return jax.vmap(lambda s, L, V: jax.lax.fori_loop(0, args.iters, lambda i, x: step(x, L, V), s))
 
-        timed("run_tick", repeat(lambda s, L, V: run_tick(s, L, shapes)), filled, launches, variation)
-        timed("dispatch_no_room", repeat(lambda s, L, V: dispatch(s, L, shapes, V, s.tick)),
+        timed("run_tick", repeat(lambda s, L, V: run_tick(s, L, shapes, single(L, shapes))), filled, launches, variation)
+        timed("dispatch_no_room", repeat(lambda s, L, V: dispatch(s, L, shapes, V, s.tick, single(L, shapes))),
               filled, launches, variation)
-        timed("skip_to_next_event", repeat(lambda s, L, V: skip_to_next_event(s, L, shapes, jnp.bool_(False))),
+        timed("skip_to_next_event",
+              repeat(lambda s, L, V: skip_to_next_event(s, L, shapes, jnp.bool_(False), single(L, shapes))),
               filled, launches, variation)
         final = timed("whole_run", jax.vmap(lambda L: run_launch(L, shapes, 1 << 30)), launches,
                       per_step=False)

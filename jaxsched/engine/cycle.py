@@ -9,13 +9,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..isa import Op
 from ..lower import QUEUE_ONE_TICK, Launch, Shapes
-from .launches import Launches, per_launch_sum, single, update_ready, warp_program
+from .launches import Launches, per_launch_sum, update_ready, warp_program
 from .state import N_PIPES, State
 from .status import INF, SELECTED, WarpStatus, count_reasons, per_warp, warp_status
 from .variation import resolve_pc
@@ -105,11 +104,10 @@ def _learn_cta_durations(
     return est
 
 
-def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches | None = None) -> State:
+def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -> State:
     """Execute the SM cycles of tick `state.tick` (section 7), complete CTAs and launches, and
-    learn which launches became ready (section 13); no dispatch. `launches` defaults to
-    `launch` alone (one kernel, no launch overhead)."""
-    launches = single(launch, shapes) if launches is None else launches
+    learn which launches became ready (section 13); no dispatch. `launches`: the per-launch
+    tables (`launches.single(launch, shapes)` for one kernel)."""
     k = state.tick
     edge, acc = clock_edges(state, launch)
     c = state.cycle

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..lower import Launch, Shapes
-from .launches import Launches, head_launch, single, warp_program
+from .launches import Launches, head_launch, warp_program
 from .state import INF, State
 from .variation import resolve_pc, warp_variation
 
@@ -186,12 +186,10 @@ def _place_one(
 
 def dispatch(
     state: State, launch: Launch, shapes: Shapes, variation: Variation, tick: Int[Array, ""],
-    launches: Launches | None = None,
+    launches: Launches,
 ) -> State:
     """Place CTAs, the head launch's first (leftover policy), until no launch is ready with CTAs
-    left, no enabled SM has a usable free slot or the closed loop holds; launch their warps.
-    `launches` defaults to `launch` alone (one kernel, no launch overhead)."""
-    launches = single(launch, shapes) if launches is None else launches
+    left, no enabled SM has a usable free slot or the closed loop holds; launch their warps."""
     usable = _usable_slots(state, launch, shapes, tick)
     launching = _cta_slots(launch, shapes) & (state.cta_id < 0) & (state.cta_usable_tick > tick)
     launching_tick = jnp.where(launching, state.cta_usable_tick, INF)

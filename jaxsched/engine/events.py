@@ -15,7 +15,7 @@ from jaxtyping import Array, Int
 
 from ..lower import QUEUE_ONE_TICK, Launch, Shapes
 from .dispatch import next_usable_tick
-from .launches import Launches, next_ready_tick, single
+from .launches import Launches, next_ready_tick
 from .power import next_dvfs_event
 from .state import State
 from .status import INF, count_reasons, warp_status
@@ -49,12 +49,10 @@ def cycles_in_ticks(
 
 
 def skip_to_next_event(
-    state: State, launch: Launch, shapes: Shapes, done: Array, launches: Launches | None = None
+    state: State, launch: Launch, shapes: Shapes, done: Array, launches: Launches
 ) -> State:
     """Advance from the tick just executed (state.tick) to the next event tick (nothing is
-    skipped once `done`: the counters must stop at the makespan). `launches` defaults to
-    `launch` alone (one kernel, no launch overhead)."""
-    launches = single(launch, shapes) if launches is None else launches
+    skipped once `done`: the counters must stop at the makespan)."""
     k = state.tick
     st = warp_status(state, launch, shapes, state.cycle, k + 1, launches)
     clear_cycle = jnp.min(st.clear_cycle, axis=1)

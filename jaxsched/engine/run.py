@@ -135,8 +135,8 @@ def run_launch(
     (and `n_ctas`, all launches' CTAs); a workload adds `per`, its launches' own lowerings
     stacked on a leading axis, and `launches`, their tables. Without them `launch` is the only
     launch, without launch overhead."""
-    if launches is None:
-        launches = single(launch, shapes)
+    if per is None:
+        launches = single(launch, shapes) if launches is None else launches
         variation = variation_tables(launch, shapes)
     else:
         variation = variation_tables(per, shapes, launches)
@@ -195,7 +195,7 @@ def _run_config(
     else:
         launch = lower_one(kernel)
         launches = single(launch, shapes)
-        final = run_launch(launch, shapes, max_ticks)
+        final = run_launch(launch, shapes, max_ticks, launches=launches)
     c = final.counters
     ticks = final.last_exit_tick + 1
     ns = ticks.astype(jnp.float64) * 1000.0 / launch.tick_mhz
