@@ -1,8 +1,8 @@
 """Summarise `sweeps/die_scaling.toml`: median makespan by kernel shape, dispatch policy and
-per-SM clock spread, each policy's gap to the fluid lower bound (`jaxsched.bounds`), a markdown
-table (stdout) and a figure.
+per-SM clock spread, each policy's gap to the fluid lower bound and to the clairvoyant
+earliest-finish schedule (`jaxsched.bounds`), markdown tables (stdout) and a figure.
 
-The fluid bound needs each kernel's per-CTA work: it is measured here with two runs of the kernel
+The oracles need each kernel's per-CTA work: it is measured here with two runs of the kernel
 on a uniform chip (1980 and 1188 MHz, work split into clock-scaled cycles and fixed ns), then
 evaluated on every configuration's clock map, with the architecture's CTA launch latency
 between a slot's CTAs (`bounds.fluid_ns`'s `launch_ns`).
@@ -29,8 +29,9 @@ from jaxsched import bounds, sweep  # noqa: E402
 SPEC = Path(__file__).resolve().parent.parent / "sweeps" / "die_scaling.toml"
 
 
-def fluid_bounds(ds, arch: js.Arch, kernel: js.Kernel, variant: str) -> np.ndarray:
-    """Fluid bound (ns) of every configuration of `variant` [dispatch, sigma, replicate]."""
+def oracle_bounds(ds, arch: js.Arch, kernel: js.Kernel, variant: str) -> bounds.Bounds:
+    """Fluid bound and clairvoyant schedules (ns) of every configuration of `variant`
+    [dispatch, sigma, replicate]."""
     runs = [js.simulate(arch, kernel, js.clocks.uniform(arch, ghz)) for ghz in (1.98, 1.188)]
     work = bounds.work_from_uniform(*runs)
     mhz = np.asarray(ds.sm_freq_mhz.sel(kernel_variant=variant), dtype=np.float32)
@@ -38,8 +39,9 @@ def fluid_bounds(ds, arch: js.Arch, kernel: js.Kernel, variant: str) -> np.ndarr
     full[..., : mhz.shape[-1]] = mhz  # enabled SMs are the first slots
     flat = full.reshape(-1, arch.n_sm_slots)
     launch_ns = float(arch.cta_launch_ns)  # a freed slot's next CTA starts this much later
-    fluid = jax.jit(jax.vmap(lambda f: bounds.fluid_ns(work, f, launch_ns)))(flat)
-    return np.asarray(fluid).reshape(mhz.shape[:-1])
+    # lax.map in batches: one vmap over every map would hold CTAs x SMs per map at once (30 GB)
+    out = jax.jit(lambda fs: jax.lax.map(lambda f: bounds.bounds(work, f, launch_ns), fs, batch_size=64))(flat)
+    return jax.tree.map(lambda b: np.asarray(b).reshape(mhz.shape[:-1]), out)
 
 
 def paired_table(ds, sigmas: list[float]) -> str:
@@ -67,16 +69,20 @@ def main() -> None:
     policies = list(ds.policy_dispatch.values)
     sigmas = [float(s) for s in ds.clocks_sigma.values]
     fig, axes = plt.subplots(1, len(variants), figsize=(5 * len(variants), 4), squeeze=False)
+    print("Median makespan (median gap to the fluid bound; to the clairvoyant schedule)")
     print("| kernel | policy | " + " | ".join(f"σ = {s:g}" for s in sigmas) + " |")
     print("|---|---|" + "---|" * len(sigmas))
     for ax, variant in zip(axes[0], variants):
         kernel = spec.base[sweep.sweep_paths.VARIANTS][variant]
-        fluid = fluid_bounds(ds, arch, kernel, variant)
+        oracle = oracle_bounds(ds, arch, kernel, variant)
+        fluid = oracle.fluid_ns
         make = np.asarray(ds.makespan_ns.sel(kernel_variant=variant))  # [dispatch, sigma, replicate]
         gap = make / fluid - 1.0
+        gap_cv = make / oracle.clairvoyant_ns - 1.0
         for i, policy in enumerate(policies):
             med = np.median(make[i], axis=-1)
-            cells = [f"{m / 1000:.2f} µs ({100 * np.median(g):+.1f} %)" for m, g in zip(med, gap[i])]
+            cells = [f"{m / 1000:.2f} µs ({100 * np.median(g):+.1f} %; {100 * np.median(h):+.1f} %)"
+                     for m, g, h in zip(med, gap[i], gap_cv[i])]
             print(f"| {variant} | {policy} | " + " | ".join(cells) + " |")
             ax.plot(sigmas, med / 1000, marker="o", label=policy)
             lo, hi = np.percentile(make[i], [25, 75], axis=-1)
