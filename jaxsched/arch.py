@@ -40,7 +40,13 @@ _INT_FIELDS = (
     "issue_width",
     "smem_bytes_per_cycle",
     "mio_queue_depth",
+    "taken_branch_cycles",
+    "cta_launch_idle_cycles",
 )
+# integer fields for which 0 means "off"
+_INT_FIELDS_ZERO_OK = ("reserved_smem_per_block_bytes", "taken_branch_cycles", "cta_launch_idle_cycles")
+# issue_cycles is lowered to 1/64 cycle (docs/model.md section 3)
+ISSUE_UNITS_PER_CYCLE = 64
 _FLOAT_FIELDS = (
     "l2_hit_latency_ns",
     "dram_latency_ns",
@@ -100,7 +106,8 @@ class Arch(eqx.Module):
     # --- issue and pipes, indexed by `isa.Op` ---
     issue_width: Int[Array, ""]  # instructions per scheduler per cycle
     latency_cycles: Int[Array, " op"]  # dependent-issue latency (LDG: L1 hit)
-    issue_cycles: Int[Array, " op"]  # cycles the class's pipe is busy per warp instruction
+    issue_cycles: Float[Array, " op"]  # cycles the class's pipe is busy per warp instruction (1/64 steps)
+    taken_branch_cycles: Int[Array, ""]  # a warp jumping back to its loop start waits this long (refetch)
 
     # --- memory (latencies of L2/DRAM are in the memory clock domain: nanoseconds) ---
     l2_hit_latency_ns: Float[Array, ""]
@@ -118,6 +125,8 @@ class Arch(eqx.Module):
 
     # --- CTA dispatch ---
     cta_launch_ns: Float[Array, ""]  # a freed CTA slot takes this long to start its next CTA
+    # starved scheduler-cycles an SM collects per CTA it launches (docs/model.md sections 7, 9)
+    cta_launch_idle_cycles: Int[Array, ""]
     # kernel launches (docs/model.md section 13): the host's cudaLaunchKernel call, and the time
     # from a launch being allowed to start to its first CTA; the same for a CUDA graph's launch
     # call and per node
@@ -159,9 +168,11 @@ def _cast(fields: dict) -> dict:
     for key in _FLOAT_FIELDS:
         if key in out:
             out[key] = np.asarray(out[key], dtype=np.float32)
-    for key in ("sm_gpc", "sm_tpc", "dispatch_order", "latency_cycles", "issue_cycles"):
+    for key in ("sm_gpc", "sm_tpc", "dispatch_order", "latency_cycles"):
         if key in out:
             out[key] = np.asarray(out[key], dtype=np.int32)
+    if "issue_cycles" in out:
+        out["issue_cycles"] = np.asarray(out["issue_cycles"], dtype=np.float32)
     if "smem_carveout_kib" in out:
         out["smem_carveout_kib"] = pad_carveouts(out["smem_carveout_kib"])
     for key in ("sm_xy_mm", "die_mm"):
@@ -217,9 +228,10 @@ def validate(arch: Arch) -> None:
         check(len(set(gpc[members])) == 1, "sm_gpc", gpc[members].tolist(), f"TPC {t} spans GPCs")
     for key in _INT_FIELDS:
         value = int(getattr(arch, key))
-        check(value > 0 or key == "reserved_smem_per_block_bytes", key, value, "must be positive")
-    check(int(arch.reserved_smem_per_block_bytes) >= 0, "reserved_smem_per_block_bytes",
-          int(arch.reserved_smem_per_block_bytes), "must be >= 0")
+        if key in _INT_FIELDS_ZERO_OK:
+            check(0 <= value <= 1_000_000, key, value, "must be in [0, 1e6] (0: off)")
+        else:
+            check(value > 0, key, value, "must be positive")
     for key in _FLOAT_FIELDS:
         value = float(getattr(arch, key))
         if key == "cta_launch_ns":
@@ -258,7 +270,8 @@ def validate(arch: Arch) -> None:
     for key in ("latency_cycles", "issue_cycles"):
         arr = np.asarray(getattr(arch, key))
         check(arr.shape == (N_OPS,), key, arr.tolist(), f"one entry per op class {OP_NAMES}")
-        check(bool(np.all(arr >= 1)), key, arr.tolist(), "every entry >= 1 cycle")
+        check(bool(np.all(np.isfinite(arr) & (arr >= 1) & (arr <= 1e4))), key, arr.tolist(),
+              "every entry a number of cycles in [1, 1e4]")
     check(
         float(arch.base_clock_ghz) <= float(arch.boost_clock_ghz),
         "base_clock_ghz",

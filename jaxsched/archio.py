@@ -45,13 +45,14 @@ _SECTIONS = {
         "smem_per_block_bytes", "smem_per_block_optin_bytes", "reserved_smem_per_block_bytes",
         "smem_alloc_unit_bytes", "smem_carveout_kib", "barriers_per_block_slot",
     ),
-    "pipes": ("issue_width", "latency_cycles", "issue_cycles"),
+    "pipes": ("issue_width", "latency_cycles", "issue_cycles", "taken_branch_cycles"),
     "memory": (
         "l2_hit_latency_ns", "dram_latency_ns", "l2_bytes_per_ns", "dram_bytes_per_ns",
         "smem_bytes_per_cycle", "mio_queue_depth",
     ),
     "clocks": ("base_clock_ghz", "boost_clock_ghz", "power_limit_w", "clock_step_mhz"),
-    "dispatch": ("cta_launch_ns", "launch_api_ns", "launch_gap_ns", "graph_api_ns", "graph_gap_ns"),
+    "dispatch": ("cta_launch_ns", "cta_launch_idle_cycles", "launch_api_ns", "launch_gap_ns", "graph_api_ns",
+                 "graph_gap_ns"),
 }
 _SM_KEYS = ("enabled", "gpc", "tpc", "x_mm", "y_mm", "dispatch_order", "die_mm")
 _HIERARCHY_KEYS = ("gpc_tpcs_full", "gpc_tpcs_enabled", "die_mm", "gpc_rows")

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from .arch import Arch
+from .arch import ISSUE_UNITS_PER_CYCLE, Arch
 from .clocks import Clocks
 from .dvfs import Dvfs, DvfsLaunch, lower_dvfs, off, tick_mhz as reachable_tick_mhz
 from .errors import JaxschedError, check
@@ -70,7 +70,7 @@ class Launch(eqx.Module):
     op: Int[Array, " instr"]
     dep: Bool[Array, " instr"]
     lat_cycles: Int[Array, " instr"]
-    issue_cycles: Int[Array, " instr"]
+    issue_cost64: Int[Array, " instr"]  # pipe issue interval in 1/64 cycle
     mio_cost: Int[Array, " instr"]
     mem_lat_ticks: Int[Array, " instr"]
     l2_cost: Int[Array, " instr"]
@@ -89,6 +89,8 @@ class Launch(eqx.Module):
     seed: Int[Array, ""]
     grid_sync_ticks: Int[Array, ""]
     cta_launch_ticks: Int[Array, ""]  # a freed CTA slot takes its next CTA this much later
+    taken_branch_cycles: Int[Array, ""]  # a warp jumping back to its loop start waits this long
+    launch_idle_cycles: Int[Array, ""]  # starved scheduler-cycles an SM collects per CTA launch, 0: off
     work_items: Int[Array, ""]  # persistent kernel's queue length, 0: off
     dvfs: DvfsLaunch
 
@@ -238,7 +240,7 @@ def _lower(
         op=op,
         dep=jnp.asarray(kernel.dep),
         lat_cycles=jnp.asarray(arch.latency_cycles)[op],
-        issue_cycles=jnp.asarray(arch.issue_cycles)[op],
+        issue_cost64=_round_i32(jnp.asarray(arch.issue_cycles, jnp.float64)[op] * ISSUE_UNITS_PER_CYCLE),
         mio_cost=mio_cost,
         mem_lat_ticks=jnp.where(is_ldg, _round_i32(mem_lat_ns * ticks_per_ns), 0),
         l2_cost=jnp.where(is_ldg, jnp.maximum(l2_cost, 1), 0),
@@ -256,6 +258,8 @@ def _lower(
         seed=i32(kernel.seed),
         grid_sync_ticks=_round_i32(kernel.grid_sync_ns * ticks_per_ns),
         cta_launch_ticks=_round_i32(arch.cta_launch_ns * ticks_per_ns),
+        taken_branch_cycles=i32(arch.taken_branch_cycles),
+        launch_idle_cycles=i32(arch.cta_launch_idle_cycles),
         work_items=i32(kernel.work_items),
         dvfs=lower_dvfs(dvfs, arch, tick_mhz),
     )

@@ -63,9 +63,9 @@ def _lat(fma: int, alu: int, sfu: int, lds: int, l1: int, shfl: int) -> list[int
     return lat
 
 
-def _issue(fma: int, alu: int) -> list[int]:
+def _issue(fma: float, alu: float) -> list[float]:
     """Cycles a sub-partition's pipe is busy per warp instruction (32 lanes / pipe lanes)."""
-    cyc = [1] * len(Op)
+    cyc = [1.0] * len(Op)
     cyc[Op.FMA], cyc[Op.ALU] = fma, alu
     cyc[Op.SFU] = 8  # [wpV][wpA][wpH] 4 SFU lanes per sub-partition: 32 / 4
     return cyc
@@ -100,6 +100,8 @@ def v100() -> Arch:
         # [cal] CTA end -> next CTA start on the freed slot: 207 ns median (175-237 ns, n = 2478)
         # on an H200 (docs/calibration.md); a lead for the other chips
         cta_launch_ns=207.0,
+        taken_branch_cycles=0,
+        cta_launch_idle_cycles=0,
         **LAUNCH_OVERHEAD_NS,
     )
 
@@ -133,6 +135,8 @@ def a100() -> Arch:
         # [cal] CTA end -> next CTA start on the freed slot: 207 ns median (175-237 ns, n = 2478)
         # on an H200 (docs/calibration.md); a lead for the other chips
         cta_launch_ns=207.0,
+        taken_branch_cycles=0,
+        cta_launch_idle_cycles=0,
         **LAUNCH_OVERHEAD_NS,
     )
 
@@ -218,6 +222,8 @@ def _gh100(name: str, dram_bytes_per_ns: float, dram_latency_ns: float,
         # [cal] CTA end -> next CTA start on the freed slot: 207 ns median (175-237 ns, n = 2478)
         # on an H200 (docs/calibration.md); a lead for the other chips
         cta_launch_ns=207.0,
+        taken_branch_cycles=0,
+        cta_launch_idle_cycles=0,
         **LAUNCH_OVERHEAD_NS,
     )
 
@@ -270,6 +276,8 @@ def rtx3090() -> Arch:
         # [cal] CTA end -> next CTA start on the freed slot: 207 ns median (175-237 ns, n = 2478)
         # on an H200 (docs/calibration.md); a lead for the other chips
         cta_launch_ns=207.0,
+        taken_branch_cycles=0,
+        cta_launch_idle_cycles=0,
         **LAUNCH_OVERHEAD_NS,
     )
 

@@ -25,20 +25,23 @@ Order of events (the contract's sections in parentheses):
   then the grid barrier (8, step 1b: a completed `gsync` schedules its release
   `grid_sync_ticks` later; a release due now frees every waiting warp); then CTA dispatch (9:
   hardware, round_robin, least_loaded, weighted, closed_loop, all counting only *usable* free
-  CTA slots, those freed at least `cta_launch_ticks` ago; in a persistent kernel each new
-  warp takes its first work item, in placement then warp order; with several launches the
-  head launch, the ready one with the smallest `(ready, l)`, places its CTAs first: 13);
+  CTA slots, those freed at least `cta_launch_ticks` ago on SMs that hold a full launch credit,
+  which each placement spends; in a persistent kernel each new warp takes its first work item,
+  in placement then warp order; with several launches the head launch, the ready one with the
+  smallest `(ready, l)`, places its CTAs first: 13);
   then the L2 and DRAM queues drain by one tick (1024 units); then, unless DVFS is off, the
   DVFS step (12: apply clocks, apply droop, sample, apply again, recompute every `f_s`), whose
   clocks the phase accumulators add from tick `k + 1`.
-- SM cycle (7): stall reasons, eligibility, busy and warp-cycle counts from the start-of-cycle
-  state; schedulers `0 .. schedulers-1` select and issue in index order (the order matters for
-  the MIO backlog, the chip-wide memory queues, the grid-barrier arrivals and the persistent
-  work queue, whose takes are thus ordered (tick, SM index, scheduler)); then CTA barrier
-  releases and CTA completions;
-  then the MIO backlog drains by one. A completing CTA updates its launch's closed-loop
-  estimate for its SM (sections 9 and 13), in CTA-slot order. Each warp runs its own launch's
-  program.
+- SM cycle (7): stall reasons (a warp refetching after a taken loop branch waits), eligibility,
+  busy and warp-cycle counts from the start-of-cycle state; schedulers `0 .. schedulers-1`
+  select and issue in index order (the order matters for the MIO backlog, the chip-wide memory
+  queues, the grid-barrier arrivals and the persistent work queue, whose takes are thus ordered
+  (tick, SM index, scheduler)); math pipes are timed in 1/64 cycle, so fractional issue
+  intervals accumulate; then CTA barrier releases and CTA completions; then the MIO backlog
+  drains by one; last, an SM with a free CTA slot adds its starved schedulers (none of their
+  warps eligible or throttled at the start of the cycle) to its launch credit, capped at
+  `launch_idle_cycles`. A completing CTA updates its launch's closed-loop estimate for its SM
+  (sections 9 and 13), in CTA-slot order. Each warp runs its own launch's program.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from .isa import Op
 MASK32 = 0xFFFFFFFF
 GOLDEN32 = 0x9E3779B9
 QUEUE_ONE_TICK = 1024  # memory-queue backlog units per tick (= lower.QUEUE_ONE_TICK)
+ISSUE_ONE_CYCLE = 64  # pipe times are in 1/64 cycle (= arch.ISSUE_UNITS_PER_CYCLE)
 
 # Stall reasons, in the order of the `sm_stalls` columns (model.md section 10).
 STALL_REASONS = (
@@ -134,7 +138,7 @@ class Program:
         self.op = ints(launch.op)
         self.dep = [bool(v) for v in np.asarray(launch.dep).reshape(-1)]
         self.lat_cycles = ints(launch.lat_cycles)
-        self.issue_cycles = ints(launch.issue_cycles)
+        self.issue_cost64 = ints(launch.issue_cost64)  # pipe issue interval, 1/64 cycle
         self.mio_cost = ints(launch.mio_cost)
         self.mem_lat_ticks = ints(launch.mem_lat_ticks)
         self.l2_cost = ints(launch.l2_cost)
@@ -174,7 +178,8 @@ class Warp:
     """One warp slot of an SM."""
 
     __slots__ = ("active", "pc", "trips_left", "lanes", "if_lanes", "else_lanes", "age",
-                 "at_barrier", "ready_fixed", "ready_mio", "ready_mem", "cta_slot", "kernel")
+                 "at_barrier", "ready_fixed", "ready_mio", "ready_mem", "ready_fetch", "cta_slot",
+                 "kernel")
 
     def __init__(self) -> None:
         self.active = False
@@ -188,6 +193,7 @@ class Warp:
         self.ready_fixed = 0  # SM cycle
         self.ready_mio = 0  # SM cycle
         self.ready_mem = 0  # global tick
+        self.ready_fetch = 0  # SM cycle: the refetch after a taken branch
         self.cta_slot = -1
         self.kernel = None  # the `KernelRun` (launch) of the warp's CTA: program and variation
 
@@ -196,7 +202,7 @@ class SM:
     """One SM: clock phase, MIO backlog, CTA slots, per-scheduler pipes, warp slots, counters."""
 
     def __init__(self, index: int, freq: int, enabled: bool, rank: int, weight: int,
-                 shapes) -> None:
+                 launch_credit: int, shapes) -> None:
         self.index = index
         self.freq = freq
         self.enabled = enabled
@@ -211,7 +217,10 @@ class SM:
         self.usable = [0] * shapes.cta_slots  # tick from which the slot, once free, takes a CTA
         self.arrivals = [0] * shapes.cta_slots  # barrier arrivals
         self.resident = 0  # occupied CTA slots
-        self.pipe_free = [[0, 0, 0] for _ in range(shapes.schedulers)]  # [sched][FMA/ALU/SFU]
+        # [sched][FMA/ALU/SFU]: the time in 1/64 cycle from which the pipe is free
+        self.pipe_free64 = [[0, 0, 0] for _ in range(shapes.schedulers)]
+        # starved scheduler-cycles collected towards the next CTA launch (sections 7 and 9)
+        self.launch_credit = launch_credit
         self.last = [-1] * shapes.schedulers  # per scheduler, the last issued q
         self.warps = [Warp() for _ in range(shapes.warp_slots)]
         # counters (section 10)
@@ -499,7 +508,8 @@ def dvfs_off_outputs(n_sm: int, trace_len: int) -> dict:
 # CTA shape (section 13's launch checks make the shape equal, so occupancy is too).
 SHARED_FIELDS = ("tick_mhz", "sm_freq_mhz", "sm_enabled", "dispatch_rank", "warps_per_cta",
                  "lanes_last_warp", "ctas_per_sm", "mio_depth", "warp_policy", "dispatch_policy",
-                 "dispatch_weight", "ema_alpha_256", "ema_prior_ticks", "cta_launch_ticks")
+                 "dispatch_weight", "ema_alpha_256", "ema_prior_ticks", "cta_launch_ticks",
+                 "taken_branch_cycles", "launch_idle_cycles")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -599,6 +609,11 @@ class _Sim:
         self.cta_launch_ticks = int(first.cta_launch_ticks)
         if self.cta_launch_ticks < 0:
             raise ValueError(f"cta_launch_ticks = {self.cta_launch_ticks} < 0")
+        self.taken_branch_cycles = int(first.taken_branch_cycles)
+        self.launch_idle_cycles = int(first.launch_idle_cycles)
+        if self.taken_branch_cycles < 0 or self.launch_idle_cycles < 0:
+            raise ValueError(f"taken_branch_cycles = {self.taken_branch_cycles} and "
+                             f"launch_idle_cycles = {self.launch_idle_cycles} must be >= 0")
         freq = [int(v) for v in np.asarray(first.sm_freq_mhz).reshape(-1)]
         enabled = [bool(v) for v in np.asarray(first.sm_enabled).reshape(-1)]
         rank = [int(v) for v in np.asarray(first.dispatch_rank).reshape(-1)]
@@ -609,7 +624,7 @@ class _Sim:
             raise ValueError(f"ctas_per_sm = {self.ctas_per_sm} outside 1..{shapes.cta_slots}")
         if self.ctas_per_sm * self.W > shapes.warp_slots:
             raise ValueError("ctas_per_sm x warps_per_cta exceeds the SM's warp slots")
-        self.sms = [SM(s, freq[s], enabled[s], rank[s], weight[s], shapes)
+        self.sms = [SM(s, freq[s], enabled[s], rank[s], weight[s], self.launch_idle_cycles, shapes)
                     for s in range(shapes.n_sm)]
         self.enabled_sms = [sm for sm in self.sms if sm.enabled]
         self.n_enabled = len(self.enabled_sms)
@@ -725,18 +740,27 @@ class _Sim:
         warp.ready_fixed = 0
         warp.ready_mio = 0
         warp.ready_mem = 0
+        warp.ready_fetch = 0
         warp.pc = kernel.prog.resolve(0, warp.trips_left, warp.if_lanes, warp.else_lanes)
+
+    def has_launch_credit(self, sm: SM) -> bool:
+        """Section 9: `sm` has collected the starved scheduler-cycles a CTA launch needs
+        (`launch_credit >= launch_idle_cycles`; always true with the credit off, 0)."""
+        return sm.launch_credit >= self.launch_idle_cycles
 
     def usable_slots(self, sm: SM) -> list[int]:
         """Section 9: the CTA slots of `sm` that can take a CTA at the current tick: free, below
-        `ctas_per_sm`, and past their launch latency (usable tick <= k), in slot order."""
+        `ctas_per_sm`, and past their launch latency (usable tick <= k), in slot order; none
+        while the SM lacks launch credit."""
+        if not self.has_launch_credit(sm):
+            return []
         return [j for j in range(self.ctas_per_sm)
                 if sm.cta_id[j] < 0 and sm.usable[j] <= self.now]
 
     def pick_sm(self, kernel: KernelRun) -> SM | None:
         """The SM the next CTA of the head launch `kernel` goes to, or None if no enabled SM has
         a usable free CTA slot (or the closed loop holds). "Room" and "free slots" count usable
-        free slots only, whatever launch occupies the others."""
+        free slots only (on SMs with launch credit), whatever launch occupies the others."""
         room = {sm.index: len(self.usable_slots(sm)) for sm in self.enabled_sms}
         free = [sm for sm in self.enabled_sms if room[sm.index] > 0]
         if not free:
@@ -773,8 +797,14 @@ class _Sim:
                 if cta >= 0 and max(self.now, t0 + es) + es + margin < target:
                     better += 1
             for j in range(self.ctas_per_sm):  # free slots still launching take a CTA soon
+                if sm.cta_id[j] >= 0:
+                    continue
                 u = sm.usable[j]
-                if sm.cta_id[j] < 0 and u > self.now and u + es + margin < target:
+                if u <= self.now:
+                    if self.has_launch_credit(sm):
+                        continue  # usable now: room, not a slot to wait for
+                    u = self.now + 1  # past its latency, waiting for credit: usable next tick at best
+                if u + es + margin < target:
                     better += 1
         if kernel.left <= better:
             return None
@@ -823,6 +853,7 @@ class _Sim:
                 kernel.start = k
             kernel.next += 1
             j = self.usable_slots(sm)[0]  # lowest usable free CTA slot
+            sm.launch_credit -= self.launch_idle_cycles  # so the SM takes at most one per tick
             sm.cta_id[j] = g
             sm.live[j] = self.W
             sm.start[j] = k
@@ -854,12 +885,16 @@ class _Sim:
                 return SHORT_SB
             if c < warp.ready_fixed:
                 return WAIT
+        if c < warp.ready_fetch:  # refetch after a taken branch, whatever dep[i]
+            return WAIT
         op = prog.op[i]
         if op in MIO_OPS:
             if sm.mio >= self.mio_depth:
                 return MIO_THROTTLE
         elif op in PIPE_OPS:
-            if c < sm.pipe_free[slot % self.S][op]:
+            # busy in this cycle unless the pipe frees by its end: it may take an instruction
+            # in any cycle in which it frees
+            if sm.pipe_free64[slot % self.S][op] >= ISSUE_ONE_CYCLE * (c + 1):
                 return MATH_THROTTLE
         return ELIGIBLE
 
@@ -884,7 +919,9 @@ class _Sim:
         op = prog.op[i]
         if op in PIPE_OPS:
             warp.ready_fixed = max(warp.ready_fixed, c + prog.lat_cycles[i])
-            sm.pipe_free[sched][op] = c + prog.issue_cycles[i]
+            # a fractional issue interval carries over: 66/64 loses one cycle in 33
+            free64 = sm.pipe_free64[sched][op]
+            sm.pipe_free64[sched][op] = max(free64, ISSUE_ONE_CYCLE * c) + prog.issue_cost64[i]
         elif op in MIO_OPS:
             m = sm.mio
             sm.mio = m + prog.mio_cost[i]
@@ -910,10 +947,15 @@ class _Sim:
         sm.active_lanes += prog.active_lanes(i, warp.lanes, warp.if_lanes, warp.else_lanes)
         if i == prog.loop_end and kernel.work_items > 0:
             # persistent kernel: the back-edge takes the next work item (trips_left stays 1)
-            warp.pc = prog.loop_start if self.take_item(sm, kernel) else i + 1
+            taken = self.take_item(sm, kernel)
         elif i == prog.loop_end and warp.trips_left > 1:
             warp.trips_left -= 1
+            taken = True
+        else:
+            taken = False
+        if taken:  # the jump back to the loop start refetches
             warp.pc = prog.loop_start
+            warp.ready_fetch = c + self.taken_branch_cycles
         else:
             warp.pc = i + 1
         if warp.active:  # an exited warp's pc no longer matters (it may point past the program)
@@ -945,6 +987,9 @@ class _Sim:
         # 1. classify every active warp at the start-of-cycle state; blocked warps count their
         #    stall reason now, eligible warps are 'selected' or 'not_selected' after selection
         eligible: list[list[int]] = [[] for _ in range(S)]  # per scheduler, eligible warp slots
+        # per scheduler: some active warp is eligible or throttled (it would issue if the pipe or
+        # MIO queue let it), so the scheduler is not starved (launch credit, below)
+        occupied = [False] * S
         n_active = 0
         for j, cta in enumerate(sm.cta_id):
             if cta < 0:
@@ -956,6 +1001,8 @@ class _Sim:
                     continue
                 n_active += 1
                 reason = self.block_reason(sm, slot, warp, k, c)
+                if reason in (ELIGIBLE, MIO_THROTTLE, MATH_THROTTLE):
+                    occupied[slot % S] = True
                 if reason == ELIGIBLE:
                     eligible[slot % S].append(slot)
                 else:
@@ -985,6 +1032,11 @@ class _Sim:
                 self.complete_cta(sm, j, k)
         # 4. the MIO backlog serves one instruction-cycle
         sm.mio = max(0, sm.mio - 1)
+        # 5. launch credit: an SM with a free CTA slot (one freed this cycle too) collects its
+        #    starved schedulers' idle issue cycles, up to one launch's worth
+        if any(sm.cta_id[j] < 0 for j in range(self.ctas_per_sm)):
+            starved = S - sum(occupied)
+            sm.launch_credit = min(self.launch_idle_cycles, sm.launch_credit + starved)
         sm.cycle += 1
 
     # sections 2 and 8 --------------------------------------------------------------------------

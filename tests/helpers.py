@@ -68,11 +68,15 @@ def programs(draw) -> str:
 def configurations(draw) -> dict:
     """Random small chip, kernel, clock map and policies (all with the same static shapes)."""
     lat = [draw(st.integers(1, 24)) for _ in Op]
-    issue = [draw(st.integers(1, 4)) for _ in Op]
+    # issue intervals in 1/64 cycle (docs/model.md section 3): whole cycles and fractions like 1.03
+    issue = [draw(st.one_of(st.integers(1, 4).map(float), st.integers(64, 256).map(lambda n: n / 64)))
+             for _ in Op]
     arch = small_arch(
         draw(st.integers(1, 4)),
         latency_cycles=np.asarray(lat, np.int32),
-        issue_cycles=np.asarray(issue, np.int32),
+        issue_cycles=np.asarray(issue, np.float32),
+        taken_branch_cycles=np.int32(draw(st.sampled_from([0, 0, 1, 2, 7, 20]))),
+        cta_launch_idle_cycles=np.int32(draw(st.sampled_from([0, 0, 1, 4, 30, 250]))),
         mio_queue_depth=np.int32(draw(st.integers(1, 12))),
         l2_hit_latency_ns=np.float32(draw(st.floats(5.0, 200.0))),
         dram_latency_ns=np.float32(draw(st.floats(200.0, 600.0))),

@@ -14,6 +14,7 @@ from jaxtyping import Array, Bool, Int
 
 from ..isa import Op
 from ..lower import QUEUE_ONE_TICK, Launch, Shapes
+from .launch_credit import collect, has_free_slot, starved_schedulers
 from .launches import Launches, per_launch_sum, update_ready, warp_program
 from .state import N_PIPES, State
 from .status import INF, SELECTED, WarpStatus, count_reasons, per_warp, warp_status
@@ -128,13 +129,15 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -
     )
     mio = state.mio + jnp.sum(mio_cost, axis=1, dtype=jnp.int32)
 
-    # Fixed-latency pipes.
+    # Fixed-latency pipes; issue intervals in 1/64 cycle, so a fractional interval carries over.
     has_pipe = op < N_PIPES
     ready_fixed = jnp.where(sel & has_pipe, jnp.maximum(w.ready_fixed, c[:, None] + st.lat), w.ready_fixed)
     sel_op = _per_scheduler(op, sel, shapes)
-    sel_issue = _per_scheduler(st.issue, sel, shapes)
+    sel_issue64 = _per_scheduler(st.issue_cost64, sel, shapes).astype(jnp.int64)
     hits_pipe = has[..., None] & (sel_op[..., None] == jnp.arange(N_PIPES, dtype=jnp.int32))
-    pipe_free = jnp.where(hits_pipe, c[:, None, None] + sel_issue[..., None], state.pipe_free)
+    now64 = 64 * c.astype(jnp.int64)[:, None, None]
+    pipe_free64 = jnp.where(hits_pipe, jnp.maximum(state.pipe_free64, now64) + sel_issue64[..., None],
+                            state.pipe_free64)
 
     # Chip-wide L2 and DRAM queues, in (SM, scheduler) order.
     l2 = _per_scheduler(st.l2_cost, sel, shapes)
@@ -157,6 +160,8 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -
     take = _take_work_items(state, launch, shapes, at_end & persistent)
     back = jnp.where(persistent, take, at_end & (w.trips_left > 1))
     trips_left = jnp.where(back & ~persistent, w.trips_left - 1, w.trips_left)
+    # A taken back-edge refetches the loop start before the warp can issue again.
+    ready_fetch = jnp.where(back, c[:, None] + launch.taken_branch_cycles, w.ready_fetch)
     next_pc = resolve_pc(
         prog, jnp.where(back, prog.loop_start, w.pc + 1), trips_left, w.if_lanes, w.lanes
     )
@@ -178,6 +183,7 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -
         ready_fixed=ready_fixed,
         ready_mio=ready_mio,
         ready_mem=ready_mem,
+        ready_fetch=ready_fetch,
     )
 
     # Counters use the start-of-cycle state; 'selected' for the issuing warps.
@@ -203,7 +209,7 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -
     done_now = per_launch_sum(complete.astype(jnp.int32), state.cta_launch, shapes.n_launches)
     kernel_done = state.kernel_done + done_now
     kernel_end = jnp.where(done_now > 0, k, state.kernel_end)
-    return replace(
+    out = replace(
         state,
         kernel_done=kernel_done,
         kernel_end=kernel_end,
@@ -213,7 +219,7 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -
         acc=acc,
         cycle=c + edge,
         mio=jnp.where(edge, jnp.maximum(mio - 1, 0), state.mio),
-        pipe_free=pipe_free,
+        pipe_free64=pipe_free64,
         last=jnp.where(has, q_sel, state.last),
         cta_id=jnp.where(complete, -1, state.cta_id),
         # The launch path needs cta_launch_ticks before a freed slot starts its next CTA.
@@ -230,3 +236,8 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -
         last_exit_tick=jnp.where(n_done > 0, k, state.last_exit_tick),
         counters=counters,
     )
+    # Last in the cycle: starved schedulers (start-of-cycle state) earn launch credit while the
+    # SM has a free CTA slot, one freed in this cycle included (section 7).
+    starved = starved_schedulers(st.reason, shapes)
+    credit = collect(state.launch_credit, starved, edge.astype(jnp.int32), has_free_slot(out, launch, shapes), launch)
+    return replace(out, launch_credit=credit)

@@ -2,8 +2,9 @@
 
 A policy is a score per SM; the next CTA goes to the highest-scoring SM with a usable free CTA
 slot, one CTA at a time, scores re-evaluated after every placement. A slot freed at tick `e` is
-usable from `e + cta_launch_ticks` (the launch path's latency), so "room" counts usable free
-slots while `resident` still counts occupied ones. Policies are selected by a traced index, so
+usable from `e + cta_launch_ticks` (the launch path's latency) on an SM that holds the launch
+credit for a CTA (each placement spends it), so "room" counts usable free slots while `resident`
+still counts occupied ones. Policies are selected by a traced index, so
 one compiled simulation serves all of them.
 
 The placement loop carries only the CTA-slot table (small); the warps of every CTA placed in the
@@ -22,6 +23,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..lower import Launch, Shapes
+from .launch_credit import can_launch
 from .launches import Launches, head_launch, warp_program
 from .state import INF, State
 from .variation import resolve_pc, warp_variation
@@ -62,6 +64,7 @@ class _Slots(NamedTuple):
     start: Int[Array, "sm cta"]  # start tick of each slot's CTA (closed loop)
     next_cta: Int[Array, " launch"]
     rr_pointer: Int[Array, ""]
+    credit: Int[Array, " sm"]  # launch credit (docs/model.md section 9)
     hold: Bool[Array, ""]  # closed loop chose a full SM: nothing more this tick
 
 
@@ -111,7 +114,7 @@ def _hold_for_better_slots(
 ) -> Array:
     """Closed loop in the tail: keep the CTA if the `left` CTAs (the head launch's, this one
     included) fit in slots expected to finish them earlier than `sm` would: occupied slots (of
-    any launch), and free slots still in their launch latency (`launching_tick`, INF elsewhere)
+    any launch), and free slots still launching (`launching_tick`, INF elsewhere)
     (docs/model.md sections 9 and 13)."""
     now = tick.astype(jnp.int64)
     target = now + est[sm]
@@ -145,9 +148,22 @@ def next_usable_tick(state: State, launch: Launch, shapes: Shapes, launches: Lau
     return jnp.where(jnp.any(state.next_cta < launches.n_ctas), soonest, INF)
 
 
-def _room(slots: _Slots, usable: Bool[Array, "sm cta"]) -> Int[Array, " sm"]:
-    """Usable free CTA slots per SM (0 on floorswept SMs)."""
-    return jnp.sum((slots.cta_id < 0) & usable, axis=1, dtype=jnp.int32)
+def _room(slots: _Slots, usable: Bool[Array, "sm cta"], launch: Launch) -> Int[Array, " sm"]:
+    """Usable free CTA slots per SM: past their launch latency, on an SM with launch credit
+    (0 on floorswept SMs)."""
+    free = jnp.sum((slots.cta_id < 0) & usable, axis=1, dtype=jnp.int32)
+    return jnp.where(can_launch(slots.credit, launch), free, 0)
+
+
+def _launching_tick(
+    slots: _Slots, launch: Launch, shapes: Shapes, usable_tick: Int[Array, "sm cta"], tick: Int[Array, ""]
+) -> Int[Array, "sm cta"]:
+    """When each free slot is expected to take a CTA, for the closed loop's hold (INF: usable
+    now, occupied or out of range): its usable tick while in its launch latency, else `tick + 1`
+    on an SM that lacks launch credit (section 9)."""
+    free = _cta_slots(launch, shapes) & (slots.cta_id < 0)
+    waits_credit = (usable_tick <= tick) & ~can_launch(slots.credit, launch)[:, None]
+    return jnp.where(free & (usable_tick > tick), usable_tick, jnp.where(free & waits_credit, tick + 1, INF))
 
 
 def _place_one(
@@ -155,8 +171,9 @@ def _place_one(
     launch: Launch,
     launches: Launches,
     ready: Int[Array, " launch"],
+    shapes: Shapes,
     usable: Bool[Array, "sm cta"],
-    launching_tick: Int[Array, "sm cta"],
+    usable_tick: Int[Array, "sm cta"],
     est_all: Int[Array, "launch sm"],
     tick: Int[Array, ""],
 ) -> _Slots:
@@ -164,7 +181,8 @@ def _place_one(
     _, head = head_launch(ready, slots.next_cta, launches, tick)
     est = est_all[head]
     local = slots.next_cta[head]
-    room = _room(slots, usable)
+    room = _room(slots, usable, launch)
+    launching_tick = _launching_tick(slots, launch, shapes, usable_tick, tick)
     score = jnp.where(room > 0, scores(slots, launch, room, est, tick), jnp.iinfo(jnp.int64).min)
     sm = jnp.argmax(score).astype(jnp.int32)
     hold = _hold_for_better_slots(slots, launch, launching_tick, est, sm, tick, launches.n_ctas[head] - local)
@@ -179,6 +197,7 @@ def _place_one(
         next_cta=slots.next_cta.at[head].add(1),
         rr_pointer=jnp.where(launch.dispatch_policy == ROUND_ROBIN,
                              (launch.dispatch_rank[sm] + 1) % n_enabled, slots.rr_pointer),
+        credit=slots.credit.at[sm].add(-launch.launch_idle_cycles),
         hold=jnp.bool_(False),
     )
     return jax.tree.map(lambda h, p: jnp.where(hold, h, p), slots._replace(hold=jnp.bool_(True)), placed)
@@ -191,21 +210,20 @@ def dispatch(
     """Place CTAs, the head launch's first (leftover policy), until no launch is ready with CTAs
     left, no enabled SM has a usable free slot or the closed loop holds; launch their warps."""
     usable = _usable_slots(state, launch, shapes, tick)
-    launching = _cta_slots(launch, shapes) & (state.cta_id < 0) & (state.cta_usable_tick > tick)
-    launching_tick = jnp.where(launching, state.cta_usable_tick, INF)
-
     ready = state.kernel_ready
 
     def has_work(slots: _Slots) -> Array:
         some, _ = head_launch(ready, slots.next_cta, launches, tick)
-        return some & jnp.any(_room(slots, usable) > 0) & ~slots.hold
+        return some & jnp.any(_room(slots, usable, launch) > 0) & ~slots.hold
 
     live = jnp.sum(state.cta_live, axis=1, dtype=jnp.int32)
     start = _Slots(state.cta_id, state.cta_launch, state.resident, live, state.cta_start, state.next_cta,
-                   state.rr_pointer, jnp.bool_(False))
+                   state.rr_pointer, state.launch_credit, jnp.bool_(False))
     est = _censored_estimate(state, tick)
     slots = jax.lax.while_loop(
-        has_work, lambda s: _place_one(s, launch, launches, ready, usable, launching_tick, est, tick), start)
+        has_work,
+        lambda s: _place_one(s, launch, launches, ready, shapes, usable, state.cta_usable_tick, est, tick),
+        start)
     new = (slots.cta_id >= 0) & (slots.cta_id != state.cta_id)  # [sm, cta]
 
     # Launch the new CTAs' warps: slot w belongs to CTA slot w // W, warp w mod W.
@@ -240,6 +258,7 @@ def dispatch(
         ready_fixed=jnp.where(fresh, zero, w.ready_fixed),
         ready_mio=jnp.where(fresh, zero, w.ready_mio),
         ready_mem=jnp.where(fresh, zero, w.ready_mem),
+        ready_fetch=jnp.where(fresh, zero, w.ready_fetch),
         launch=jnp.where(fresh, warp_launch, w.launch),
     )
 
@@ -259,6 +278,7 @@ def dispatch(
         next_cta=slots.next_cta,
         kernel_start=jnp.where((state.next_cta == 0) & (slots.next_cta > 0), tick, state.kernel_start),
         rr_pointer=slots.rr_pointer,
+        launch_credit=slots.credit,
         items_taken=state.items_taken + jnp.sum(took, dtype=jnp.int32),
         counters=replace(
             k,

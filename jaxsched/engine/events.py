@@ -15,6 +15,7 @@ from jaxtyping import Array, Int
 
 from ..lower import QUEUE_ONE_TICK, Launch, Shapes
 from .dispatch import next_usable_tick
+from .launch_credit import collect, cycles_to_full, has_free_slot, starved_schedulers
 from .launches import Launches, next_ready_tick
 from .power import next_dvfs_event
 from .state import State
@@ -59,6 +60,13 @@ def skip_to_next_event(
     by_cycle = jnp.where(clear_cycle < INF, k + ticks_until_cycle(state, launch, clear_cycle), INF)
     by_tick = jnp.min(st.clear_tick, axis=1)
     per_sm = jnp.where(launch.sm_enabled, jnp.minimum(by_cycle, by_tick), INF)
+    # The cycle at which an SM's launch credit fills up makes its free slots usable (section 11).
+    starved = starved_schedulers(st.reason, shapes)
+    free = has_free_slot(state, launch, shapes)
+    to_full = cycles_to_full(state.launch_credit, starved, free, launch)
+    credit_full = jnp.where((to_full > 0) & launch.sm_enabled & jnp.any(state.next_cta < launches.n_ctas),
+                            k + ticks_until_cycle(state, launch, state.cycle + to_full - 1), INF)
+    per_sm = jnp.minimum(per_sm, credit_full)
     # Grid-barrier releases (section 8), freed CTA slots becoming usable (section 9), clock
     # changes (section 12) and launches becoming ready (section 13) are events too.
     nxt = jnp.minimum(jnp.minimum(jnp.min(per_sm), next_usable_tick(state, launch, shapes, launches)),
@@ -87,6 +95,7 @@ def skip_to_next_event(
         acc=acc,
         cycle=state.cycle + cycles,
         mio=jnp.maximum(state.mio - cycles, 0),
+        launch_credit=collect(state.launch_credit, starved, cycles, free, launch),
         q_l2=jnp.maximum(state.q_l2 - drained, 0),
         q_dram=jnp.maximum(state.q_dram - drained, 0),
         counters=counters,

@@ -22,9 +22,9 @@ from .state import INF
 
 
 def instruction_table(launch: Launch) -> Int[Array, "instr 8"]:
-    """Per-instruction fields packed as columns (op, dep, lat, issue, mio, mem_lat, l2, dram)."""
+    """Per-instruction fields packed as columns (op, dep, lat, issue_cost64, mio, mem_lat, l2, dram)."""
     return jnp.stack(
-        [launch.op, launch.dep.astype(jnp.int32), launch.lat_cycles, launch.issue_cycles,
+        [launch.op, launch.dep.astype(jnp.int32), launch.lat_cycles, launch.issue_cost64,
          launch.mio_cost, launch.mem_lat_ticks, launch.l2_cost, launch.dram_cost],
         axis=-1,
     )

@@ -154,7 +154,8 @@ def run_launch(
     start = initial_state(shapes)
     freq, dv = initial_dvfs(launch, start.dvfs)
     start = dataclasses.replace(start, freq=freq, dvfs=dv, kernel_ready=initial_ready(launches),
-                                dispatch_est=jnp.full_like(start.dispatch_est, launch.ema_prior_ticks))
+                                dispatch_est=jnp.full_like(start.dispatch_est, launch.ema_prior_ticks),
+                                launch_credit=jnp.full_like(start.launch_credit, launch.launch_idle_cycles))
     return jax.lax.while_loop(running, step, start)
 
 

@@ -41,6 +41,7 @@ class Warps(eqx.Module):
     ready_fixed: Int[Array, "sm warp"]  # SM cycle
     ready_mio: Int[Array, "sm warp"]  # SM cycle
     ready_mem: Int[Array, "sm warp"]  # tick
+    ready_fetch: Int[Array, "sm warp"]  # SM cycle: refetch after a taken branch (section 7)
     launch: Int[Array, "sm warp"]  # the workload launch whose program the warp runs
 
 
@@ -91,8 +92,11 @@ class State(eqx.Module):
     acc: Int[Array, " sm"]  # clock phase accumulators
     cycle: Int[Array, " sm"]  # cycles executed
     mio: Int[Array, " sm"]  # MIO backlog, cycles
-    pipe_free: Int[Array, "sm sched pipe"]
+    # from when each pipe is free, in 1/64 cycle (fractional issue intervals, section 7); int64:
+    # 64 x 2^30 cycles overflows int32
+    pipe_free64: Int[Array, "sm sched pipe"]
     last: Int[Array, "sm sched"]  # last issued warp (q index) per scheduler, -1 none
+    launch_credit: Int[Array, " sm"]  # starved scheduler-cycles collected for CTA launches (section 7)
     cta_id: Int[Array, "sm cta"]  # global CTA index g (docs/model.md section 13), -1 free
     cta_launch: Int[Array, "sm cta"]  # launch of each slot's CTA (meaningful while occupied)
     cta_live: Int[Array, "sm cta"]
@@ -131,8 +135,9 @@ def initial_state(shapes: Shapes) -> State:
         acc=zi(s),
         cycle=zi(s),
         mio=zi(s),
-        pipe_free=zi(s, j, N_PIPES),
+        pipe_free64=zl(s, j, N_PIPES),
         last=jnp.full((s, j), -1, jnp.int32),
+        launch_credit=zi(s),
         cta_id=jnp.full((s, c), -1, jnp.int32),
         cta_launch=zi(s, c),
         cta_live=zi(s, c),
@@ -153,6 +158,7 @@ def initial_state(shapes: Shapes) -> State:
             ready_fixed=zi(s, w),
             ready_mio=zi(s, w),
             ready_mem=zi(s, w),
+            ready_fetch=zi(s, w),
             launch=zi(s, w),
         ),
         q_l2=zi(),

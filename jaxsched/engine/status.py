@@ -25,7 +25,7 @@ class WarpStatus(NamedTuple):
 
     op: Int[Array, "sm warp"]
     lat: Int[Array, "sm warp"]
-    issue: Int[Array, "sm warp"]
+    issue_cost64: Int[Array, "sm warp"]  # pipe issue interval, 1/64 cycle
     mio_cost: Int[Array, "sm warp"]
     mem_lat: Int[Array, "sm warp"]
     l2_cost: Int[Array, "sm warp"]
@@ -54,20 +54,25 @@ def warp_status(
     # One gather of a packed per-instruction table instead of one per field.
     fields = instruction_fields(launches, w.launch, pc)
     prog = warp_program(launches, w.launch)
-    op, dep, lat, issue, mio_cost, mem_lat, l2_cost, dram_cost = (fields[..., i] for i in range(8))
+    op, dep, lat, issue_cost64, mio_cost, mem_lat, l2_cost, dram_cost = (fields[..., i] for i in range(8))
     dep = dep > 0
     c = cycle[:, None]
 
     long_sb = dep & (tick < w.ready_mem)
     short_sb = dep & (c < w.ready_mio)
-    wait = dep & (c < w.ready_fixed)
+    # A warp refetching after a taken branch is blocked whatever dep says; it counts as `wait`.
+    fetch = c < w.ready_fetch
+    wait = (dep & (c < w.ready_fixed)) | fetch
     is_mio = (op == Op.LDS) | (op == Op.SHFL) | (op == Op.LDG)
     mio = state.mio[:, None]
     mio_throttle = is_mio & (mio >= launch.mio_depth)
     has_pipe = op < N_PIPES
-    pipe_free = per_warp(state.pipe_free[..., 0], shapes)
-    pipe_free = jnp.where(op == 1, per_warp(state.pipe_free[..., 1], shapes), pipe_free)
-    pipe_free = jnp.where(op == 2, per_warp(state.pipe_free[..., 2], shapes), pipe_free)
+    # The pipe takes an instruction in the cycle in which it frees: busy while c < its free cycle
+    # floor(pipe_free64 / 64) (docs/model.md sections 7 and 11).
+    free_cycle = (state.pipe_free64 >> 6).astype(jnp.int32)
+    pipe_free = per_warp(free_cycle[..., 0], shapes)
+    pipe_free = jnp.where(op == 1, per_warp(free_cycle[..., 1], shapes), pipe_free)
+    pipe_free = jnp.where(op == 2, per_warp(free_cycle[..., 2], shapes), pipe_free)
     pipe_throttle = has_pipe & (c < pipe_free)
 
     live = w.active & ~w.at_barrier
@@ -79,7 +84,8 @@ def warp_status(
     )
 
     clear = jnp.minimum(
-        jnp.minimum(jnp.where(short_sb, w.ready_mio, INF), jnp.where(wait, w.ready_fixed, INF)),
+        jnp.minimum(jnp.where(short_sb, w.ready_mio, INF),
+                    jnp.where(fetch, w.ready_fetch, jnp.where(wait, w.ready_fixed, INF))),
         jnp.minimum(
             jnp.where(mio_throttle, c + mio - launch.mio_depth + 1, INF),
             jnp.where(pipe_throttle, pipe_free, INF),
@@ -94,7 +100,7 @@ def warp_status(
     return WarpStatus(
         op=op,
         lat=lat,
-        issue=issue,
+        issue_cost64=issue_cost64,
         mio_cost=mio_cost,
         mem_lat=mem_lat,
         l2_cost=l2_cost,

@@ -1,0 +1,61 @@
+"""Launch credit: an SM takes its next CTA only after its schedulers have idled enough
+(docs/model.md sections 7, 9 and 11).
+
+Launching a CTA's warps takes issue cycles that the running warps leave idle, so a busy SM
+refills a freed slot late [cal]. A scheduler is *starved* in a cycle when none of its active
+warps is eligible or throttled (every one waits on a barrier, a scoreboard, a fixed latency or
+a refetch; or it has none). An SM with a free CTA slot collects one credit per starved
+scheduler-cycle, up to `launch_idle_cycles`; dispatch places a CTA only on an SM holding that
+much, and spends it.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Int
+
+from ..lower import Launch, Shapes
+from .state import State
+from .status import BARRIER, LONG_SB, SHORT_SB, WAIT
+
+
+def starved_schedulers(reason: Int[Array, "sm warp"], shapes: Shapes) -> Int[Array, " sm"]:
+    """Per SM, the schedulers none of whose active warps is eligible or throttled, from the
+    start-of-cycle stall reasons (-1 marks an empty slot)."""
+    idle = (reason < 0) | (reason == BARRIER) | (reason == LONG_SB) | (reason == SHORT_SB) | (reason == WAIT)
+    per_scheduler = jnp.all(idle.reshape(-1, shapes.warps_per_scheduler, shapes.schedulers), axis=1)
+    return jnp.sum(per_scheduler, axis=1, dtype=jnp.int32)
+
+
+def has_free_slot(state: State, launch: Launch, shapes: Shapes) -> Bool[Array, " sm"]:
+    """Some CTA slot `j < ctas_per_sm` holds no CTA (usable yet or not)."""
+    in_range = jnp.arange(shapes.cta_slots, dtype=jnp.int32) < launch.ctas_per_sm
+    return jnp.any(in_range[None, :] & (state.cta_id < 0), axis=1)
+
+
+def collect(
+    credit: Int[Array, " sm"], starved: Int[Array, " sm"], cycles: Int[Array, " sm"], free: Bool[Array, " sm"],
+    launch: Launch,
+) -> Int[Array, " sm"]:
+    """Credit after `cycles` SM cycles with `starved` schedulers each, capped at
+    `launch_idle_cycles`; only SMs with a free slot collect. `min(cycles, cap)` keeps the
+    product inside int32 over long skips."""
+    cap = launch.launch_idle_cycles
+    gain = starved * jnp.minimum(cycles, cap).astype(jnp.int32)
+    return jnp.where(free, jnp.minimum(cap, credit + gain), credit)
+
+
+def cycles_to_full(
+    credit: Int[Array, " sm"], starved: Int[Array, " sm"], free: Bool[Array, " sm"], launch: Launch
+) -> Int[Array, " sm"]:
+    """SM cycles until the credit reaches `launch_idle_cycles` at this rate (0: already full;
+    -1: it does not grow)."""
+    short = launch.launch_idle_cycles - credit
+    grows = free & (starved > 0)
+    n = (short + jnp.maximum(starved, 1) - 1) // jnp.maximum(starved, 1)
+    return jnp.where(short <= 0, 0, jnp.where(grows, n, -1))
+
+
+def can_launch(credit: Int[Array, " sm"], launch: Launch) -> Bool[Array, " sm"]:
+    """SMs that hold the credit for one more CTA (always, with the rule off)."""
+    return credit >= launch.launch_idle_cycles
