@@ -43,7 +43,9 @@ def prepare(job: dict, pad_to: int | None = None) -> dict:
     """The simulator's inputs for one case and launch: arch, kernel, clocks, dispatch start."""
     case = {c.name: c for c in default_suite()}[job["case"]]
     launch = job["launch"]
-    arch = case.sim_arch(js.presets.get(job["arch"]))
+    base = js.presets.get(job["arch"])
+    changes = {k: np.asarray(v, dtype=np.asarray(getattr(base, k)).dtype) for k, v in job.get("arch_set", {}).items()}
+    arch = case.sim_arch(base.replace(**changes))
     kernel = js.make_kernel(case.program(), grid=case.grid, threads=case.threads, regs=job["regs"],
                             smem_bytes=case.smem_bytes(arch), l2_hit_rate=case.l2_hit_rate(),
                             seed=case.seed, name=case.name, pad_to=pad_to)
@@ -129,7 +131,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", nargs="+", default=None, help="only these cases (default: all)")
     parser.add_argument("--launches", choices=("median", "all"), default="median")
     parser.add_argument("--batch", type=int, default=1, help="launches per simulate_batch call (1: simulate)")
+    parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=NUMBER",
+                        help="change scalar Arch fields of the preset, e.g. cta_launch_idle_cycles=96")
     args = parser.parse_args(argv)
+    arch_set = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not hasattr(js.presets.get(args.arch), key):
+            parser.error(f"--set {item!r}: expected FIELD=NUMBER with FIELD an Arch field")
+        arch_set[key] = float(value)
 
     summary = json.loads((Path(args.data) / "summary.json").read_text())
     unknown = set(args.cases or []) - set(summary["cases"])
@@ -143,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         order = np.argsort([x["makespan_ns"] for x in launches])
         picks = range(len(launches)) if args.launches == "all" else [int(order[len(order) // 2])]
         jobs += [{"case": name, "launch": launches[k], "index": k, "regs": case["regs"], "arch": args.arch,
-                  "warp_policy": args.warp_policy} for k in picks]
+                  "arch_set": arch_set, "warp_policy": args.warp_policy} for k in picks]
     rows: list[dict] = []
     for i in range(0, len(jobs), max(1, args.batch)):
         chunk = jobs[i:i + max(1, args.batch)]
@@ -158,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
               f"worst {s['worst_abs_percent']:.2f} % ({s['worst_case']})")
     if args.output:
         Path(args.output).write_text(json.dumps({"rows": rows, "stats": stats, "arch": args.arch,
-                                                 "warp_policy": args.warp_policy}, indent=1))
+                                                 "arch_set": arch_set, "warp_policy": args.warp_policy}, indent=1))
     return 0
 
 

@@ -16,11 +16,13 @@ MAX_GRID = 48
 
 
 def small_arch(n_enabled_tpcs: int = 4, **overrides) -> js.Arch:
-    """An H200-like chip with 2 GPCs x 2 TPC sites (8 SM slots), some TPCs enabled."""
+    """An H200-like chip with 2 GPCs x 2 TPC sites (8 SM slots), some TPCs enabled. The H200's
+    fitted taken-branch refetch and launch credit are off unless `overrides` set them, so that
+    hand-derived numbers follow the core rules; tests of those rules turn them on."""
     per_gpc = [min(2, max(0, n_enabled_tpcs - 2 * g)) for g in range(2)]
     base = js.presets.get("h200")
-    return base.replace(name="test8", **build_hierarchy([2, 2], per_gpc, die_mm=(10.0, 10.0)),
-                        **overrides)
+    fields = {"taken_branch_cycles": np.int32(0), "cta_launch_idle_cycles": np.int32(0), **overrides}
+    return base.replace(name="test8", **build_hierarchy([2, 2], per_gpc, die_mm=(10.0, 10.0)), **fields)
 
 
 _BODY_OPS = ["fma", "alu", "sfu", "lds", "ldg", "shfl"]

@@ -24,8 +24,12 @@ def test_one_warp_of_n_dependent_fmas_takes_n_latencies():
 
 
 def test_sixteen_warps_per_scheduler_are_issue_bound():
-    # 2 CTAs of 1024 threads on one SM: 64 warps, 16 per scheduler, dependent FMA chains.
-    arch = H200.replace(sm_enabled=np.arange(H200.n_sm_slots) < 1)
+    # 2 CTAs of 1024 threads on one SM: 64 warps, 16 per scheduler, dependent FMA chains. The
+    # H200's launch credit (the second CTA waits for idle issue cycles) and taken-branch refetch
+    # are off here, so that the bound is the plain issue bound; tests/test_issue_rules.py
+    # checks those rules.
+    arch = H200.replace(sm_enabled=np.arange(H200.n_sm_slots) < 1, taken_branch_cycles=np.int32(0),
+                        cta_launch_idle_cycles=np.int32(0))
     trips = 50
     kernel = js.make_kernel(f"loop {trips}\n fma dep\nend", grid=2, threads=1024)
     r = js.simulate(arch, kernel, warp_policy="lrr")
@@ -51,8 +55,11 @@ def test_memory_bound_ignores_clock_compute_bound_scales():
 
 
 def test_gto_staggers_coresident_ctas_lrr_keeps_them_together():
-    arch = H200.replace(sm_enabled=np.arange(H200.n_sm_slots) < 1)
-    kernel = js.make_kernel("loop 40\n fma dep\nend", grid=8, threads=256)
+    # CTAs that start together: without launch credit all 8 start at tick 0 (with it, one per
+    # tick while the SM idles). The loop body is unrolled, as compiled loops are: a one-FMA
+    # body would pay the taken branch's refetch on every instruction.
+    arch = H200.replace(sm_enabled=np.arange(H200.n_sm_slots) < 1, cta_launch_idle_cycles=np.int32(0))
+    kernel = js.make_kernel("loop 5\n" + " fma dep\n" * 8 + "end", grid=8, threads=256)
     spread = {}
     for policy in ("gto", "lrr"):
         r = js.simulate(arch, kernel, warp_policy=policy)

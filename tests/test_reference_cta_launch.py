@@ -28,7 +28,8 @@ H200 = presets.get("h200")
 
 
 def hand_arch(n_sms: int, cta_launch_ns: float):
-    """The h200 with its first `n_sms` SM slots enabled and the numbers used here pinned."""
+    """The h200 with its first `n_sms` SM slots enabled and the numbers used here pinned (the
+    taken-branch refetch and launch credit off)."""
     lat = np.asarray(H200.latency_cycles).copy()
     lat[Op.FMA] = 4
     issue = np.asarray(H200.issue_cycles).copy()
@@ -39,6 +40,8 @@ def hand_arch(n_sms: int, cta_launch_ns: float):
         issue_cycles=issue,
         boost_clock_ghz=np.float32(1.98),
         cta_launch_ns=np.float32(cta_launch_ns),
+        taken_branch_cycles=np.int32(0),
+        cta_launch_idle_cycles=np.int32(0),  # the launch latency alone (launch credit: its own tests)
     )
 
 
