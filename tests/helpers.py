@@ -15,14 +15,38 @@ N_INSTR = 16  # programs are padded to this length so one compilation serves eve
 MAX_GRID = 48
 
 
+# The H200's fitted taken-branch refetch and launch credit (docs/calibration.md) switched off, so
+# that hand-derived numbers follow the core rules of docs/model.md; tests of those rules set them.
+RULES_OFF = {"taken_branch_cycles": np.int32(0), "cta_launch_idle_cycles": np.int32(0)}
+
+
 def small_arch(n_enabled_tpcs: int = 4, **overrides) -> js.Arch:
-    """An H200-like chip with 2 GPCs x 2 TPC sites (8 SM slots), some TPCs enabled. The H200's
-    fitted taken-branch refetch and launch credit are off unless `overrides` set them, so that
-    hand-derived numbers follow the core rules; tests of those rules turn them on."""
+    """An H200-like chip with 2 GPCs x 2 TPC sites (8 SM slots), some TPCs enabled, with
+    `RULES_OFF` unless `overrides` set those fields."""
     per_gpc = [min(2, max(0, n_enabled_tpcs - 2 * g)) for g in range(2)]
     base = js.presets.get("h200")
-    fields = {"taken_branch_cycles": np.int32(0), "cta_launch_idle_cycles": np.int32(0), **overrides}
-    return base.replace(name="test8", **build_hierarchy([2, 2], per_gpc, die_mm=(10.0, 10.0)), **fields)
+    return base.replace(name="test8", **build_hierarchy([2, 2], per_gpc, die_mm=(10.0, 10.0)),
+                        **{**RULES_OFF, **overrides})
+
+
+def hand_h200(n_sms: int = 1, *, cta_launch_ns: float = 0.0, fma_issue_cycles: float = 1.0,
+              taken_branch_cycles: int = 0, launch_idle_cycles: int = 0) -> js.Arch:
+    """The h200 with its first `n_sms` SM slots enabled, at 1.98 GHz, and the numbers hand
+    computations use pinned: FMA and ALU latency 4, ALU issue 2, FMA issue `fma_issue_cycles`."""
+    base = js.presets.get("h200")
+    lat = np.asarray(base.latency_cycles).copy()
+    lat[[Op.FMA, Op.ALU]] = 4
+    issue = np.asarray(base.issue_cycles, dtype=np.float32).copy()
+    issue[Op.FMA], issue[Op.ALU] = fma_issue_cycles, 2.0
+    return base.replace(
+        sm_enabled=np.arange(base.n_sm_slots) < n_sms,
+        latency_cycles=lat,
+        issue_cycles=issue,
+        boost_clock_ghz=np.float32(1.98),
+        cta_launch_ns=np.float32(cta_launch_ns),
+        taken_branch_cycles=np.int32(taken_branch_cycles),
+        cta_launch_idle_cycles=np.int32(launch_idle_cycles),
+    )
 
 
 _BODY_OPS = ["fma", "alu", "sfu", "lds", "ldg", "shfl"]

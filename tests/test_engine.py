@@ -9,6 +9,8 @@ import pytest
 import jaxsched as js
 from jaxsched import clocks
 
+from helpers import RULES_OFF
+
 H200 = js.presets.get("h200")
 FMA_LAT = int(H200.latency_cycles[js.Op.FMA])
 
@@ -28,8 +30,7 @@ def test_sixteen_warps_per_scheduler_are_issue_bound():
     # H200's launch credit (the second CTA waits for idle issue cycles) and taken-branch refetch
     # are off here, so that the bound is the plain issue bound; tests/test_issue_rules.py
     # checks those rules.
-    arch = H200.replace(sm_enabled=np.arange(H200.n_sm_slots) < 1, taken_branch_cycles=np.int32(0),
-                        cta_launch_idle_cycles=np.int32(0))
+    arch = H200.replace(sm_enabled=np.arange(H200.n_sm_slots) < 1, **RULES_OFF)
     trips = 50
     kernel = js.make_kernel(f"loop {trips}\n fma dep\nend", grid=2, threads=1024)
     r = js.simulate(arch, kernel, warp_policy="lrr")

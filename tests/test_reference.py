@@ -24,6 +24,8 @@ from jaxsched.errors import JaxschedError
 from jaxsched.isa import Op
 from jaxsched.kernel import make_kernel
 
+from helpers import RULES_OFF
+
 H200 = presets.get("h200")
 STALL = {name: i for i, name in enumerate(reference.STALL_REASONS)}
 
@@ -55,8 +57,7 @@ HAND_ARCH = pinned(
     dram_bytes_per_ns=4800.0,
     boost_clock_ghz=1.98,
     cta_launch_ns=0.0,
-    taken_branch_cycles=np.int32(0),
-    cta_launch_idle_cycles=np.int32(0),
+    **RULES_OFF,
 )
 # a freed CTA slot takes its next CTA at once
 NO_LAUNCH_LATENCY = {"cta_launch_ns": 0.0, "cta_launch_idle_cycles": np.int32(0)}
@@ -64,8 +65,7 @@ NO_LAUNCH_LATENCY = {"cta_launch_ns": 0.0, "cta_launch_idle_cycles": np.int32(0)
 
 def arch_with_sms(n: int):
     """The h200 preset with only its first `n` SM slots enabled (enabled SMs come first)."""
-    return H200.replace(sm_enabled=np.arange(H200.n_sm_slots) < n, taken_branch_cycles=np.int32(0),
-                        cta_launch_idle_cycles=np.int32(0))
+    return H200.replace(sm_enabled=np.arange(H200.n_sm_slots) < n, **RULES_OFF)
 
 
 def lowered(arch, kernel, warp_policy=1, dispatch=0, dispatch_start=0, clk=None, **dispatch_params):

@@ -20,29 +20,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxsched import clocks, lower, presets, reference
-from jaxsched.isa import Op
+from jaxsched import clocks, lower, reference
 from jaxsched.kernel import make_kernel
 
-H200 = presets.get("h200")
+from helpers import hand_h200
+
 
 
 def hand_arch(n_sms: int, cta_launch_ns: float):
-    """The h200 with its first `n_sms` SM slots enabled and the numbers used here pinned (the
-    taken-branch refetch and launch credit off)."""
-    lat = np.asarray(H200.latency_cycles).copy()
-    lat[Op.FMA] = 4
-    issue = np.asarray(H200.issue_cycles).copy()
-    issue[Op.FMA] = 1
-    return H200.replace(
-        sm_enabled=np.arange(H200.n_sm_slots) < n_sms,
-        latency_cycles=lat,
-        issue_cycles=issue,
-        boost_clock_ghz=np.float32(1.98),
-        cta_launch_ns=np.float32(cta_launch_ns),
-        taken_branch_cycles=np.int32(0),
-        cta_launch_idle_cycles=np.int32(0),  # the launch latency alone (launch credit: its own tests)
-    )
+    """`hand_h200` with this launch latency (the launch credit has its own tests)."""
+    return hand_h200(n_sms, cta_launch_ns=cta_launch_ns)
 
 
 def lowered(arch, kernel, clk=None, dispatch=0, dispatch_start=0):

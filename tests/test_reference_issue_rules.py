@@ -14,32 +14,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jaxsched import clocks, presets, reference
+from jaxsched import clocks, reference
 from jaxsched.isa import Op
 from jaxsched.kernel import make_kernel
 
-H200 = presets.get("h200")
+from helpers import hand_h200
+
 STALL = {name: i for i, name in enumerate(reference.STALL_REASONS)}
 
 
 def hand_arch(fma_issue_cycles: float = 1.0, taken_branch_cycles: int = 0,
               launch_idle_cycles: int = 0, n_sms: int = 1):
-    """The h200 with its first `n_sms` SM slots enabled, at 1.98 GHz, the numbers used here
-    pinned."""
-    lat = np.asarray(H200.latency_cycles).copy()
-    lat[[Op.FMA, Op.ALU]] = 4
-    issue = np.asarray(H200.issue_cycles, dtype=np.float32).copy()
-    issue[Op.FMA] = fma_issue_cycles
-    issue[Op.ALU] = 2.0
-    return H200.replace(
-        sm_enabled=np.arange(H200.n_sm_slots) < n_sms,
-        latency_cycles=lat,
-        issue_cycles=issue,
-        boost_clock_ghz=np.float32(1.98),
-        cta_launch_ns=np.float32(0.0),
-        taken_branch_cycles=np.int32(taken_branch_cycles),
-        cta_launch_idle_cycles=np.int32(launch_idle_cycles),
-    )
+    """`hand_h200` without launch latency, with the rules under test set."""
+    return hand_h200(n_sms, fma_issue_cycles=fma_issue_cycles, taken_branch_cycles=taken_branch_cycles,
+                     launch_idle_cycles=launch_idle_cycles)
 
 
 # --- fractional issue intervals (sections 3 and 7) ---------------------------------------------
