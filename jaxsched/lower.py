@@ -196,6 +196,11 @@ def _lower(
     dvfs = off(arch) if dvfs is None else dvfs
     tick_mhz = reachable_tick_mhz(dvfs, freq)
     ticks_per_ns = tick_mhz.astype(jnp.float64) / 1000.0
+    mhz64 = tick_mhz.astype(jnp.float64)
+    # ns -> ticks as `round(ns * F / 1000)`, the product first: `ns * (F / 1000)` rounds a tie
+    # such as 300 ns at 1505 MHz (451.5) differently eagerly (451.4999...) and under jit, where
+    # XLA reassociates it
+    ns_to_ticks = lambda ns: _round_i32(jnp.asarray(ns, jnp.float64) * mhz64 / 1000.0)  # noqa: E731
 
     occ = occupancy(arch, kernel.threads_per_cta, kernel.regs_per_thread,
                     kernel.dynamic_smem_bytes, kernel.static_smem_bytes)
@@ -236,13 +241,13 @@ def _lower(
         dispatch_policy=i32(dispatch_policy),
         dispatch_weight=jnp.where(enabled, freq if dispatch_weight is None else i32(dispatch_weight), 0),
         ema_alpha_256=_round_i32(jnp.asarray(ema_alpha, jnp.float64) * 256.0),
-        ema_prior_ticks=_round_i32(jnp.asarray(ema_prior_ns, jnp.float64) * ticks_per_ns),
+        ema_prior_ticks=ns_to_ticks(ema_prior_ns),
         op=op,
         dep=jnp.asarray(kernel.dep),
         lat_cycles=jnp.asarray(arch.latency_cycles)[op],
         issue_cost64=_round_i32(jnp.asarray(arch.issue_cycles, jnp.float64)[op] * ISSUE_UNITS_PER_CYCLE),
         mio_cost=mio_cost,
-        mem_lat_ticks=jnp.where(is_ldg, _round_i32(mem_lat_ns * ticks_per_ns), 0),
+        mem_lat_ticks=jnp.where(is_ldg, ns_to_ticks(mem_lat_ns), 0),
         l2_cost=jnp.where(is_ldg, jnp.maximum(l2_cost, 1), 0),
         dram_cost=jnp.where(is_ldg, dram_cost, 0),
         grid_sync=jnp.asarray(kernel.grid_sync) & (op == Op.BAR),
@@ -256,8 +261,8 @@ def _lower(
         trips_warp_spread=i32(kernel.trips_warp_spread),
         branch_threshold=_round_i32(kernel.branch_if_probability * BRANCH_HASH_ONE),
         seed=i32(kernel.seed),
-        grid_sync_ticks=_round_i32(kernel.grid_sync_ns * ticks_per_ns),
-        cta_launch_ticks=_round_i32(arch.cta_launch_ns * ticks_per_ns),
+        grid_sync_ticks=ns_to_ticks(kernel.grid_sync_ns),
+        cta_launch_ticks=ns_to_ticks(arch.cta_launch_ns),
         taken_branch_cycles=i32(arch.taken_branch_cycles),
         launch_idle_cycles=i32(arch.cta_launch_idle_cycles),
         work_items=i32(kernel.work_items),

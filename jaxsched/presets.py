@@ -222,14 +222,16 @@ def _gh100(name: str, dram_bytes_per_ns: float, dram_latency_ns: float,
         # [cal] CTA end -> next CTA start on the freed slot: 207 ns median (175-237 ns, n = 2478)
         # on an H200 (docs/calibration.md); a lead for the other chips
         cta_launch_ns=207.0,
-        # [cal] benchmarks/calibrate_issue_rules.py on the H200 (a lead for the H100's same SM): a
-        # lone warp's loop takes 1046.5 cycles per trip; 13 cycles of refetch after the BRA give
-        # 4.041 cycles per instruction against the measured 4.040
-        taken_branch_cycles=13,
+        # [cal] on the H200 (a lead for the H100's same SM): a lone warp's CTA takes 437 cycles
+        # plus 1032.8 per loop trip (issue_sweep and refill experiments); with the probe
+        # programs' SASS outside the loop modelled, 9 cycles of refetch after the BRA give 33493
+        # and 8693 cycles for 32 and 8 trips, against 33487.5 and 8700 measured
+        taken_branch_cycles=9,
         # [cal] refill experiment, 2 CTAs/SM: a freed slot takes its next CTA 216, 216, 1032 and
-        # 8314 ns later with 1, 2, 4 and 8 busy warps per scheduler in the other CTA; 96 starved
-        # scheduler-cycles per CTA fit best (207, 207, 1072, 5360 ns)
-        cta_launch_idle_cycles=96,
+        # 8314 ns later with 1, 2, 4 and 8 busy warps per scheduler in the other CTA; of 192, 224,
+        # ..., 384 and 512 starved scheduler-cycles per refill, 256 has the least squared log
+        # error over the 4- and 8-warp delays (393 and 4625 ns: both short)
+        cta_launch_idle_cycles=256,
         **LAUNCH_OVERHEAD_NS,
     )
 

@@ -25,10 +25,11 @@ Order of events (the contract's sections in parentheses):
   then the grid barrier (8, step 1b: a completed `gsync` schedules its release
   `grid_sync_ticks` later; a release due now frees every waiting warp); then CTA dispatch (9:
   hardware, round_robin, least_loaded, weighted, closed_loop, all counting only *usable* free
-  CTA slots, those freed at least `cta_launch_ticks` ago on SMs that hold a full launch credit,
-  which each placement spends; in a persistent kernel each new warp takes its first work item,
-  in placement then warp order; with several launches the head launch, the ready one with the
-  smallest `(ready, l)`, places its CTAs first: 13);
+  CTA slots, those freed at least `cta_launch_ticks` ago that have never held a CTA or are on an
+  SM that holds a full launch credit, which each refill of a used slot spends (a slot's first
+  CTA spends none, so the first wave is placed in tick 0); in a persistent kernel each new warp
+  takes its first work item, in placement then warp order; with several launches the head
+  launch, the ready one with the smallest `(ready, l)`, places its CTAs first: 13);
   then the L2 and DRAM queues drain by one tick (1024 units); then, unless DVFS is off, the
   DVFS step (12: apply clocks, apply droop, sample, apply again, recompute every `f_s`), whose
   clocks the phase accumulators add from tick `k + 1`.
@@ -215,6 +216,7 @@ class SM:
         self.live = [0] * shapes.cta_slots  # live (not exited) warps of the CTA in the slot
         self.start = [0] * shapes.cta_slots  # start tick of the CTA in the slot
         self.usable = [0] * shapes.cta_slots  # tick from which the slot, once free, takes a CTA
+        self.used = [False] * shapes.cta_slots  # has held a CTA: refilling it needs launch credit
         self.arrivals = [0] * shapes.cta_slots  # barrier arrivals
         self.resident = 0  # occupied CTA slots
         # [sched][FMA/ALU/SFU]: the time in 1/64 cycle from which the pipe is free
@@ -744,23 +746,24 @@ class _Sim:
         warp.pc = kernel.prog.resolve(0, warp.trips_left, warp.if_lanes, warp.else_lanes)
 
     def has_launch_credit(self, sm: SM) -> bool:
-        """Section 9: `sm` has collected the starved scheduler-cycles a CTA launch needs
+        """Section 9: `sm` has collected the starved scheduler-cycles a refill needs
         (`launch_credit >= launch_idle_cycles`; always true with the credit off, 0)."""
         return sm.launch_credit >= self.launch_idle_cycles
 
     def usable_slots(self, sm: SM) -> list[int]:
         """Section 9: the CTA slots of `sm` that can take a CTA at the current tick: free, below
-        `ctas_per_sm`, and past their launch latency (usable tick <= k), in slot order; none
-        while the SM lacks launch credit."""
-        if not self.has_launch_credit(sm):
-            return []
+        `ctas_per_sm`, past their launch latency (usable tick <= k), and either never used or on
+        an SM with launch credit (a refill needs credit, a slot's first CTA does not), in slot
+        order."""
+        credit = self.has_launch_credit(sm)
         return [j for j in range(self.ctas_per_sm)
-                if sm.cta_id[j] < 0 and sm.usable[j] <= self.now]
+                if sm.cta_id[j] < 0 and sm.usable[j] <= self.now and (credit or not sm.used[j])]
 
     def pick_sm(self, kernel: KernelRun) -> SM | None:
         """The SM the next CTA of the head launch `kernel` goes to, or None if no enabled SM has
         a usable free CTA slot (or the closed loop holds). "Room" and "free slots" count usable
-        free slots only (on SMs with launch credit), whatever launch occupies the others."""
+        free slots only (used ones only on SMs with launch credit), whatever launch occupies the
+        others."""
         room = {sm.index: len(self.usable_slots(sm)) for sm in self.enabled_sms}
         free = [sm for sm in self.enabled_sms if room[sm.index] > 0]
         if not free:
@@ -801,9 +804,9 @@ class _Sim:
                     continue
                 u = sm.usable[j]
                 if u <= self.now:
-                    if self.has_launch_credit(sm):
+                    if self.has_launch_credit(sm) or not sm.used[j]:
                         continue  # usable now: room, not a slot to wait for
-                    u = self.now + 1  # past its latency, waiting for credit: usable next tick at best
+                    u = self.now + 1  # a used slot waiting for credit: usable next tick at best
                 if u + es + margin < target:
                     better += 1
         if kernel.left <= better:
@@ -853,7 +856,9 @@ class _Sim:
                 kernel.start = k
             kernel.next += 1
             j = self.usable_slots(sm)[0]  # lowest usable free CTA slot
-            sm.launch_credit -= self.launch_idle_cycles  # so the SM takes at most one per tick
+            if sm.used[j]:  # a refill spends the credit: at most one per SM and tick
+                sm.launch_credit -= self.launch_idle_cycles
+            sm.used[j] = True  # for the rest of the run, whatever launch comes next
             sm.cta_id[j] = g
             sm.live[j] = self.W
             sm.start[j] = k

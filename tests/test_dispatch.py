@@ -45,9 +45,10 @@ def test_closed_loop_is_not_worse_on_a_uniform_chip(waves):
 
 def test_closed_loop_with_launch_credit():
     # The full preset: a busy SM refills late, which already steers CTAs away from slow (busy)
-    # SMs, so the closed loop gains less. Measured: 8973 vs 9183 ns (-2.3 %) with 20 half-speed
-    # SMs; +1.0 % on a uniform chip at 2 waves, inside the H200's own launch-to-launch spread of
-    # multi-wave kernels (0.6-3.9 %, data/h200/summary.json).
+    # SMs, so the closed loop gains less. Measured (credit needed only to refill a slot): 8935
+    # vs 9143 ns (-2.3 %) with 20 half-speed SMs; -0.1 % on a uniform chip at 2 waves. The bound
+    # there is the H200's own launch-to-launch spread of multi-wave kernels (0.6-3.9 %,
+    # data/h200/summary.json).
     kernel, clk = _kernel(4), _half_speed_sms()
     hw = js.simulate(H200, kernel, clk, dispatch="hardware")
     cl = js.simulate(H200, kernel, clk, dispatch="closed_loop")

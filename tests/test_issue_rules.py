@@ -100,17 +100,27 @@ BUSY = "loop 200\n fma\nend"  # 8 warps per scheduler of independent FMAs: never
 
 
 @pytest.mark.parametrize("idle_cycles", [400, 1000])
-def test_busy_sm_takes_its_next_cta_only_after_collecting_credit(idle_cycles):
-    """One SM with two CTA slots (1024 threads) and no launch latency. A running CTA keeps every
-    scheduler issuing (eligible or pipe-throttled warps), so the free slot stays empty until its
-    last EXIT (tick e, whose start-of-cycle warps are eligible); from the next cycle all four
-    schedulers are starved and collect the credit in idle_cycles / 4 cycles. So the CTAs run one
-    at a time, each starting idle_cycles / 4 ticks after the previous one ended."""
+def test_busy_sm_refills_a_slot_only_after_collecting_credit(idle_cycles):
+    """One SM with two CTA slots (1024 threads: 8 warps per scheduler per CTA), no launch
+    latency, GTO. Tick 0: both slots are fresh, so CTAs 0 and 1 start without credit and the
+    credit stays full. A scheduler runs its warps one at a time, oldest first (the greedy warp
+    issues every cycle: 200 independent FMAs and the EXIT, W = 201 cycles), so CTA 0 ends at
+    e0 = 8 W. Its slot is used, but the full credit refills it at once: CTA 2 starts at e0 and
+    spends the credit. `last` (slot 7 of each scheduler) now holds a warp of CTA 2, the greedy
+    choice for W cycles; then CTA 1's 8 warps (older than CTA 2's) end at e1 = e0 + 9 W and CTA
+    2's other 7 at e2 = e1 + 7 W. Slot 1, free from e1, stays empty while CTA 2 keeps every
+    scheduler issuing; from e2 + 1 all four are starved and collect the credit in
+    idle_cycles / 4 cycles: CTA 3 starts at e2 + idle_cycles / 4 and runs alone for 8 W."""
     arch = _arch(ONE_SM, idle_cycles=idle_cycles, cta_launch_ns=np.float32(0.0))
-    r = js.simulate(arch, _kernel(BUSY, threads=1024))
-    start, end = np.asarray(r.cta_start_tick), np.asarray(r.cta_end_tick)
-    assert start[0] == 0
-    np.testing.assert_array_equal(start[1:], end[:-1] + idle_cycles // 4)
+    r = js.simulate(arch, _kernel(BUSY, threads=1024), warp_policy="gto")
+    w = 201
+    e0 = 8 * w
+    e1 = e0 + 9 * w
+    e2 = e1 + 7 * w
+    start3 = e2 + idle_cycles // 4
+    np.testing.assert_array_equal(np.asarray(r.cta_start_tick), [0, 0, e0, start3])
+    np.testing.assert_array_equal(np.asarray(r.cta_end_tick), [e0, e1, e2, start3 + 8 * w])
+    assert int(r.makespan_ticks) == start3 + 8 * w + 1
 
 
 def test_without_credit_both_slots_fill_at_once():
@@ -121,17 +131,29 @@ def test_without_credit_both_slots_fill_at_once():
     assert start[2] == min(end[0], end[1])
 
 
-@pytest.mark.parametrize("idle_cycles, second_wave_tick", [(0, 0), (1, 1), (3, 1), (8, 3), (12, 4)])
-def test_first_wave_one_cta_per_sm_per_tick(idle_cycles, second_wave_tick):
-    """Two SMs, CTAs of one warp (32 slots each). Tick 0: each SM spends its initial credit on
-    one CTA (most room, then rank: the first CTA to the first SM, the second to the other, which
-    now has more usable room). Its warp (scheduler 0) issues at cycle 1 and then waits on its
-    dependent FMA: cycle 1 starves 3 schedulers, cycles 2.. all 4, so the credit is back after
-    1 cycle for K <= 3, 2 more cycles for K = 8 (3 + 4 + 4 >= 8), 3 for K = 12."""
-    arch = _arch(TWO_SMS, idle_cycles=idle_cycles)
-    r = js.simulate(arch, _kernel("loop 50\n fma dep\nend", threads=32))
-    np.testing.assert_array_equal(np.asarray(r.cta_start_tick), [0, 0, second_wave_tick, second_wave_tick])
-    np.testing.assert_array_equal(np.asarray(r.cta_sm), [FIRST_SM, SECOND_SM, FIRST_SM, SECOND_SM])
+# 100 KiB of dynamic shared memory: (0 + 1024 reserved + 102400) bytes per CTA, two CTAs in the
+# SM's 233472 bytes (docs/model.md section 1), so one-warp CTAs fill the SM's two slots.
+TWO_SLOT_SMEM = 100 * 1024
+
+
+@pytest.mark.parametrize("idle_cycles, wait_ticks", [(0, 0), (1, 1), (3, 1), (7, 2), (8, 3), (12, 4)])
+def test_first_wave_fills_every_slot_in_tick_0_and_refills_wait_for_credit(idle_cycles, wait_ticks):
+    """One SM with two CTA slots, CTAs of one warp. Tick 0: both slots are fresh, so CTAs 0 and
+    1 start at once whatever the credit K = idle_cycles (their warps on schedulers 0 and 1).
+    Each warp issues its dependent FMAs at cycles 1, 1 + L, ... (L = FMA latency, 4) and its
+    EXIT one cycle after the 50th: both end at e = 2 + 49 L. The credit, never spent, is full:
+    CTA 2 refills slot 0 at e and spends it, and slot 1, used too, needs K again. CTA 2's warp
+    issues at e + 1 (3 schedulers starved) and then waits on its FMA (4 starved per cycle until
+    e + 1 + L): the credit is 3, 7, 11, 15 after cycles e + 1 .. e + 4, so CTA 3 refills slot 1
+    1 tick after e for K <= 3, 2 for K = 7, 3 for K = 8, 4 for K = 12, and at e with K = 0."""
+    assert FMA_LAT >= 4  # CTA 2's warp issues nothing more in cycles e + 2 .. e + 4
+    arch = _arch(ONE_SM, idle_cycles=idle_cycles, cta_launch_ns=np.float32(0.0))
+    r = js.simulate(arch, _kernel("loop 50\n fma dep\nend", threads=32, smem_bytes=TWO_SLOT_SMEM))
+    e = 2 + 49 * FMA_LAT
+    start3 = e + wait_ticks
+    np.testing.assert_array_equal(np.asarray(r.cta_start_tick), [0, 0, e, start3])
+    np.testing.assert_array_equal(np.asarray(r.cta_end_tick), [e, e, 2 * e, start3 + e])
+    np.testing.assert_array_equal(np.asarray(r.cta_sm), [FIRST_SM] * GRID)
 
 
 # --- neutral values ----------------------------------------------------------------------------

@@ -133,80 +133,123 @@ def test_persistent_work_item_take_is_a_taken_branch():
 
 
 BUSY_LOOP = "loop 20\n fma\nend"  # one warp: FMAs at start + 1 .. start + 20, EXIT at start + 21
+# shared memory per CTA for 4 CTA slots: alloc = 50 KiB + 1 KiB reserved, floor(228 / 51) = 4
+SMEM_4_SLOTS = 50 * 1024
+SMEM_3_SLOTS = 70 * 1024  # floor(228 / 71) = 3
+SMEM_2_SLOTS = 100 * 1024  # floor(228 / 101) = 2
+SMEM_1_SLOT = 200 * 1024
 
 
-@pytest.mark.parametrize("launch_idle_cycles, starts", [(0, [0, 0, 0, 0]), (1, [0, 1, 2, 3])])
-def test_an_sm_takes_at_most_one_cta_per_tick(launch_idle_cycles, starts):
-    """One SM with 32 CTA slots, four one-warp CTAs. Off (K = 0) they all start at tick 0. With
-    K = 1 each placement spends the credit, so the SM has no room for a second CTA in the tick;
-    a scheduler without a warp is starved in the next cycle, so the credit is back by the next
-    tick's dispatch."""
+@pytest.mark.parametrize("launch_idle_cycles", [1, 8])
+def test_first_wave_needs_no_credit_but_a_refill_waits_for_it(launch_idle_cycles):
+    """4 CTA slots, six one-warp CTAs of 3 dependent FMAs (FMAs at k + 1, 5, 9, EXIT at k + 10;
+    slot j's warp is on scheduler j). Tick 0: CTAs 0-3 fill the never-used slots 0-3 and spend
+    nothing, whatever K. They all end at tick 10, the credit still full (K): CTA 4 refills slot
+    0 at 10 and spends K; slots 1-3 are used, so they wait for credit.
+    K = 1: cycle 11, schedulers 1-3 are starved (no warps): credit 1, CTA 5 at 11.
+    K = 8: cycle 11 +3 (CTA 4's warp issues on scheduler 0); cycle 12 +4 (it waits on its FMA:
+    starved), 7; cycle 13 +4, capped at 8: CTA 5 at 13.
+    (Were the first wave charged too, CTA 1 would start at tick 1 with K = 1, at 3 with K = 8.)"""
+    kernel = make_kernel("fma dep\nfma dep\nfma dep", grid=6, threads=32, smem_bytes=SMEM_4_SLOTS)
+    r = reference.simulate(hand_arch(launch_idle_cycles=launch_idle_cycles), kernel)
+    c5 = {1: 11, 8: 13}[launch_idle_cycles]
+    assert r["cta_start_tick"].tolist() == [0, 0, 0, 0, 10, c5]
+    assert r["cta_end_tick"].tolist() == [10, 10, 10, 10, 20, c5 + 10]
+
+
+@pytest.mark.parametrize("launch_idle_cycles, refills", [(0, [21, 21, 21, 21]),
+                                                         (1, [21, 22, 23, 24])])
+def test_an_sm_refills_at_most_one_slot_per_tick(launch_idle_cycles, refills):
+    """4 CTA slots, eight one-warp CTAs of `BUSY_LOOP`. The first wave, CTAs 0-3, takes the
+    never-used slots at tick 0 and ends at tick 21 (every warp issues every cycle: each has its
+    own scheduler), freeing all four slots at once. Off (K = 0) CTAs 4-7 refill them at 21.
+    With K = 1 the credit is full at 21 (the first wave spent none), and each refill spends it,
+    so the SM has no room for a second refill in the tick; a scheduler without a warp is
+    starved in the next cycle (cycle 22: schedulers 1-3, 23: 2-3, 24: 3), so the credit is back
+    by the next tick's dispatch: refills at 21, 22, 23, 24, each ending 21 ticks later."""
     arch = hand_arch(launch_idle_cycles=launch_idle_cycles)
-    r = reference.simulate(arch, make_kernel(BUSY_LOOP, grid=4, threads=32))
-    assert r["cta_start_tick"].tolist() == starts
-    assert r["cta_sm"].tolist() == [0] * 4
+    kernel = make_kernel(BUSY_LOOP, grid=8, threads=32, smem_bytes=SMEM_4_SLOTS)
+    r = reference.simulate(arch, kernel)
+    assert r["cta_start_tick"].tolist() == [0] * 4 + refills
+    assert r["cta_end_tick"].tolist() == [21] * 4 + [t + 21 for t in refills]
+    assert r["cta_sm"].tolist() == [0] * 8
 
 
 def test_busy_schedulers_collect_no_credit_until_warps_exit():
-    """K = 3, five one-warp CTAs of 20 independent FMAs (a warp eligible every cycle until its
-    EXIT; CTA slot j's warp is on scheduler j mod 4). The credit starts full: CTA 0 at tick 0
-    (credit 0). Cycle 1: schedulers 1-3 starved, +3: CTA 1 at tick 1 (scheduler 1). Cycles 2, 3:
-    +2 each, capped at 3: CTA 2 at tick 3. Cycles 4, 5, 6: +1 each: CTA 3 at tick 6. Now every
-    scheduler issues every cycle: no credit at all while a slot is free, until CTA 0's warp
-    exits at cycle 21 (and CTA 1's at 22): cycle 22 +1 (scheduler 0), cycle 23 +2 (0 and 1):
-    CTA 4 at tick 23, in the lowest free slot 0. Off, every CTA starts at tick 0."""
-    kernel = make_kernel(BUSY_LOOP, grid=5, threads=32)
-    r = reference.simulate(hand_arch(launch_idle_cycles=3), kernel)
-    assert r["cta_start_tick"].tolist() == [0, 1, 3, 6, 23]
-    assert r["cta_end_tick"].tolist() == [21, 22, 24, 27, 44]
-    off = reference.simulate(hand_arch(launch_idle_cycles=0), kernel)
-    assert off["cta_start_tick"].tolist() == [0] * 5
+    """K = 3, 3 CTA slots, five CTAs of 4 warps (one per scheduler) of `BUSY_LOOP`, oldest
+    first: on every scheduler the oldest CTA's warp issues every cycle, the younger ones are
+    eligible but not selected, so no scheduler is starved while a warp is resident.
+    Tick 0: CTAs 0-2 fill the never-used slots 0-2 (no credit spent). CTA 0 issues at 1..21
+    (EXIT at 21), CTA 1 at 22..42, CTA 2 at 43..63. Tick 21: slot 0 frees, the credit is full:
+    CTA 3 refills it (credit 0) and issues after CTA 2, at 64..84. Slot 1 frees at 42 and slot
+    2 at 63, but every scheduler issues in every cycle up to 84: no credit at all while a slot
+    is free. Cycle 85, no warp is left: +4, capped at 3: CTA 4 at tick 85, in the lowest free
+    slot 0, ending 21 ticks later at 106. Off, CTA 4 takes slot 1 as it frees, at 42, and
+    issues after CTA 3 (it is younger): 85..105."""
+    kernel = make_kernel(BUSY_LOOP, grid=5, threads=128, smem_bytes=SMEM_3_SLOTS)
+    r = reference.simulate(hand_arch(launch_idle_cycles=3), kernel, warp_policy="oldest")
+    assert r["cta_start_tick"].tolist() == [0, 0, 0, 21, 85]
+    assert r["cta_end_tick"].tolist() == [21, 42, 63, 84, 106]
+    off = reference.simulate(hand_arch(launch_idle_cycles=0), kernel, warp_policy="oldest")
+    assert off["cta_start_tick"].tolist() == [0, 0, 0, 21, 42]
+    assert off["cta_end_tick"].tolist() == [21, 42, 63, 84, 105]
 
 
 def test_throttled_warps_are_not_starved():
-    """K = 4, CTAs of 4 warps (one per scheduler), each a loop of 10 independent ALUs (issue 2:
-    each warp eligible and throttled in turn). CTA 0 at tick 0; ALUs at 1, 3, .., 19, EXITs at
-    20 (the CTA completes at 20). No scheduler is starved before
-    cycle 21 (a throttled warp would issue if its pipe were free): CTA 1 at tick 21. Were
-    throttled warps idle, CTA 1 would start at tick 2 (cycle 1 eligible, cycle 2 throttled)."""
-    kernel = make_kernel("loop 10\n alu\nend", grid=2, threads=128)
-    r = reference.simulate(hand_arch(launch_idle_cycles=4), kernel)
-    assert r["cta_start_tick"].tolist() == [0, 21]
-    assert r["cta_end_tick"].tolist() == [20, 41]
+    """K = 4, 2 CTA slots, four CTAs of 4 warps (one per scheduler), each a loop of 10
+    independent ALUs (issue 2), oldest first. Tick 0: CTAs 0 and 1 fill the never-used slots.
+    On each scheduler CTA 0's warp issues ALUs at 1, 3, .., 19 and EXIT at 20 (CTA 0 ends at
+    20); CTA 1's warp is eligible at odd cycles (not selected) and throttled at even ones
+    (cycle 20 too: the ALU of 19 holds the pipe until 21). Tick 20: the credit is full, CTA 2
+    refills slot 0 (credit 0). CTA 1 (older) issues at 21, 23, .., 39, EXIT 40; CTA 2 likewise
+    waits or is throttled, then issues 41, 43, .., 59, EXIT 60. From cycle 40 slot 1 is free,
+    but no scheduler is starved (a throttled warp would issue if its pipe were free) until
+    cycle 61, the first without warps: +4, CTA 3 at 61 (slot 0, freed at 60), ALUs 62..80,
+    EXIT 81. Were throttled warps idle, cycle 42 (CTA 2 throttled) would fill the credit and
+    CTA 3 would start at tick 42."""
+    kernel = make_kernel("loop 10\n alu\nend", grid=4, threads=128, smem_bytes=SMEM_2_SLOTS)
+    r = reference.simulate(hand_arch(launch_idle_cycles=4), kernel, warp_policy="oldest")
+    assert r["cta_start_tick"].tolist() == [0, 0, 20, 61]
+    assert r["cta_end_tick"].tolist() == [20, 40, 60, 81]
 
 
-@pytest.mark.parametrize("launch_idle_cycles, second_start", [(0, 10), (7, 11), (8, 12)])
-def test_credit_collects_only_while_a_slot_is_free(launch_idle_cycles, second_start):
+@pytest.mark.parametrize("launch_idle_cycles, third_start", [(0, 20), (7, 21), (8, 22)])
+def test_credit_collects_only_while_a_slot_is_free(launch_idle_cycles, third_start):
     """One CTA slot (200 KiB of shared memory), one-warp CTAs of 3 dependent FMAs (FMAs at
-    k + 1, 5, 9, EXIT at k + 10). While CTA 0 runs every scheduler is starved (the warp waits
-    on its FMAs, the others are empty) but no slot is free: no credit. At cycle 10 the slot
-    frees (the EXIT's scheduler was not starved): +3; cycle 11: +4. K = 7: CTA 1 at tick 11;
-    K = 8: at 12. Off: at 10, in the tick CTA 0 ends."""
-    kernel = make_kernel("fma dep\nfma dep\nfma dep", grid=2, threads=32, smem_bytes=200 * 1024)
+    k + 1, 5, 9, EXIT at k + 10). CTA 0 takes the never-used slot at 0 and spends nothing; it
+    ends at 10, where the full credit lets CTA 1 refill the slot at once, spending it all.
+    While CTA 1 runs (ticks 11..19) every scheduler but the issuing one is starved in every
+    cycle, but no slot is free: no credit. At cycle 20 the slot frees (the EXIT's scheduler was
+    not starved): +3; cycle 21: +4. K = 7: CTA 2 at tick 21; K = 8: +4 at 22, capped: at 22.
+    Off: at 20, in the tick CTA 1 ends. (Collecting while no slot is free would refill at 20.)"""
+    kernel = make_kernel("fma dep\nfma dep\nfma dep", grid=3, threads=32, smem_bytes=SMEM_1_SLOT)
     r = reference.simulate(hand_arch(launch_idle_cycles=launch_idle_cycles), kernel)
-    assert r["cta_start_tick"].tolist() == [0, second_start]
-    assert r["cta_end_tick"].tolist() == [10, second_start + 10]
+    assert r["cta_start_tick"].tolist() == [0, 10, third_start]
+    assert r["cta_end_tick"].tolist() == [10, 20, third_start + 10]
 
 
-@pytest.mark.parametrize("launch_idle_cycles, c2_start, c3_start", [(0, 38, 76), (7, 39, 78)])
-def test_closed_loop_holds_for_a_slot_waiting_for_credit(launch_idle_cycles, c2_start, c3_start):
+@pytest.mark.parametrize("launch_idle_cycles, c3_start", [(0, 76), (7, 77)])
+def test_closed_loop_holds_for_a_slot_waiting_for_credit(launch_idle_cycles, c3_start):
     """SM 0 at 1980 MHz, SM 1 at 990 MHz (it cycles at odd ticks), one CTA slot each, one-warp
     CTAs of 10 dependent FMAs: 38 ticks on SM 0, 75 on SM 1 from tick 0 (test_reference.py's
     closed-loop case), closed loop with a = 1 (the estimate is the last duration).
-    K = 0: c0 -> SM 0, c1 -> SM 1 at 0; c2 -> SM 0 at 38 (ends 76); at 75 c1 ends and the tail
-    CTA c3 is held for SM 0, where it starts at 76.
-    K = 7: c2 waits for SM 0's credit: +3 at 38 (the EXIT's scheduler is busy), +4 at 39: starts
-    at 39, ends 77. SM 1 frees at 75 (+3) and has its credit at its next cycle, tick 77. At 77
-    SM 0's slot is free but its credit is 3 (+3 in its completion cycle): only SM 1 has room,
-    e_1 = 75, target 77 + 75 = 152. SM 0's slot counts as usable at 78: 78 + 38 + 75 // 8 = 125
-    < 152, a better slot for the last CTA: hold. Tick 78: SM 0 +4 = 7, c3 -> SM 0 at 78.
-    (Without the credit term in the hold, c3 would start on SM 1 at 77 and end at 153.)"""
+    Both K: c0 -> SM 0, c1 -> SM 1 at 0 (never-used slots: no credit spent); at 38 c0 ends and
+    SM 0, its credit still full, refills with c2 (ends 76; with K = 7 the credit is now 0, and
+    stays 0 while c2 runs: no free slot). At 75 c1 ends (SM 1 keeps a full credit, e_1 = 75);
+    the tail CTA c3 is held for SM 0's running c2: max(75, 38 + 38) + 38 + 75 // 8 = 123 <
+    75 + 75.
+    K = 0: at 76 SM 0's slot is free and usable: c3 -> SM 0 at 76.
+    K = 7: at 76 SM 0's slot is free but used and its credit is 3 (+3 in its completion cycle:
+    the EXIT's scheduler is busy): only SM 1 has room, target 76 + 75 = 151. SM 0's slot counts
+    as usable at 77: 77 + 38 + 75 // 8 = 124 < 151, a better slot for the last CTA: hold. Tick
+    77: SM 0 +4 = 7, c3 -> SM 0 at 77 (e_0 = 38 < e_1).
+    (Without the credit term in the hold, c3 would start on SM 1 at 76 and end at 151.)"""
     arch = hand_arch(launch_idle_cycles=launch_idle_cycles, n_sms=2)
     freq = np.zeros(arch.n_sm_slots)
     freq[:2] = (1980, 990)
-    kernel = make_kernel("\n".join(["fma dep"] * 10), grid=4, threads=32, smem_bytes=200 * 1024)
+    kernel = make_kernel("\n".join(["fma dep"] * 10), grid=4, threads=32, smem_bytes=SMEM_1_SLOT)
     r = reference.simulate(arch, kernel, clocks.from_array(arch, freq), dispatch="closed_loop",
                            ema_alpha=1.0, ema_prior_ns=50.0)
     assert r["cta_sm"].tolist() == [0, 1, 0, 0]
-    assert r["cta_start_tick"].tolist() == [0, 0, c2_start, c3_start]
-    assert r["cta_end_tick"].tolist() == [38, 75, c2_start + 38, c3_start + 38]
+    assert r["cta_start_tick"].tolist() == [0, 0, 38, c3_start]
+    assert r["cta_end_tick"].tolist() == [38, 75, 76, c3_start + 38]

@@ -66,6 +66,7 @@ class _Slots(NamedTuple):
     rr_pointer: Int[Array, ""]
     credit: Int[Array, " sm"]  # launch credit (docs/model.md section 9)
     hold: Bool[Array, ""]  # closed loop chose a full SM: nothing more this tick
+    fresh: Bool[Array, "sm cta"]  # slots that have never held a CTA: no launch credit needed
 
 
 def scores(
@@ -149,10 +150,15 @@ def next_usable_tick(state: State, launch: Launch, shapes: Shapes, launches: Lau
 
 
 def _room(slots: _Slots, usable: Bool[Array, "sm cta"], launch: Launch) -> Int[Array, " sm"]:
-    """Usable free CTA slots per SM: past their launch latency, on an SM with launch credit
-    (0 on floorswept SMs)."""
-    free = jnp.sum((slots.cta_id < 0) & usable, axis=1, dtype=jnp.int32)
-    return jnp.where(can_launch(slots.credit, launch), free, 0)
+    """Usable free CTA slots per SM: past their launch latency, and first fills or on an SM with
+    launch credit (0 on floorswept SMs)."""
+    return jnp.sum(_takes_now(slots, usable, launch), axis=1, dtype=jnp.int32)
+
+
+def _takes_now(slots: _Slots, usable: Bool[Array, "sm cta"], launch: Launch) -> Bool[Array, "sm cta"]:
+    """Free slots that can take a CTA now: usable, and never used or on an SM with launch
+    credit (a refill needs credit, a first fill does not: section 9)."""
+    return (slots.cta_id < 0) & usable & (slots.fresh | can_launch(slots.credit, launch)[:, None])
 
 
 def _launching_tick(
@@ -162,7 +168,7 @@ def _launching_tick(
     now, occupied or out of range): its usable tick while in its launch latency, else `tick + 1`
     on an SM that lacks launch credit (section 9)."""
     free = _cta_slots(launch, shapes) & (slots.cta_id < 0)
-    waits_credit = (usable_tick <= tick) & ~can_launch(slots.credit, launch)[:, None]
+    waits_credit = (usable_tick <= tick) & ~can_launch(slots.credit, launch)[:, None] & ~slots.fresh
     return jnp.where(free & (usable_tick > tick), usable_tick, jnp.where(free & waits_credit, tick + 1, INF))
 
 
@@ -186,7 +192,7 @@ def _place_one(
     score = jnp.where(room > 0, scores(slots, launch, room, est, tick), jnp.iinfo(jnp.int64).min)
     sm = jnp.argmax(score).astype(jnp.int32)
     hold = _hold_for_better_slots(slots, launch, launching_tick, est, sm, tick, launches.n_ctas[head] - local)
-    j = jnp.argmax((slots.cta_id[sm] < 0) & usable[sm]).astype(jnp.int32)  # lowest usable free slot
+    j = jnp.argmax(_takes_now(slots, usable, launch)[sm]).astype(jnp.int32)  # lowest usable free slot
     n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled, dtype=jnp.int32), 1)
     placed = _Slots(
         cta_id=slots.cta_id.at[sm, j].set(launches.cta_base[head] + local),
@@ -197,8 +203,9 @@ def _place_one(
         next_cta=slots.next_cta.at[head].add(1),
         rr_pointer=jnp.where(launch.dispatch_policy == ROUND_ROBIN,
                              (launch.dispatch_rank[sm] + 1) % n_enabled, slots.rr_pointer),
-        credit=slots.credit.at[sm].add(-launch.launch_idle_cycles),
+        credit=slots.credit.at[sm].add(jnp.where(slots.fresh[sm, j], 0, -launch.launch_idle_cycles)),
         hold=jnp.bool_(False),
+        fresh=slots.fresh,
     )
     return jax.tree.map(lambda h, p: jnp.where(hold, h, p), slots._replace(hold=jnp.bool_(True)), placed)
 
@@ -218,7 +225,7 @@ def dispatch(
 
     live = jnp.sum(state.cta_live, axis=1, dtype=jnp.int32)
     start = _Slots(state.cta_id, state.cta_launch, state.resident, live, state.cta_start, state.next_cta,
-                   state.rr_pointer, state.launch_credit, jnp.bool_(False))
+                   state.rr_pointer, state.launch_credit, jnp.bool_(False), ~state.cta_used)
     est = _censored_estimate(state, tick)
     slots = jax.lax.while_loop(
         has_work,
@@ -272,6 +279,7 @@ def dispatch(
         cta_live=jnp.where(new, n_w, state.cta_live),
         cta_arrived=jnp.where(new, 0, state.cta_arrived),
         cta_start=slots.start,
+        cta_used=state.cta_used | new,
         dispatch_hold=slots.hold,
         resident=slots.resident,
         warps=warps,

@@ -104,6 +104,7 @@ class State(eqx.Module):
     resident: Int[Array, " sm"]  # CTAs resident
     cta_start: Int[Array, "sm cta"]  # start tick of the CTA in each slot
     cta_usable_tick: Int[Array, "sm cta"]  # a free slot takes a CTA from this tick (section 9)
+    cta_used: Bool[Array, "sm cta"]  # the slot has held a CTA: refilling it needs launch credit (section 9)
     dispatch_est: Int[Array, "launch sm"]  # closed-loop estimate of a CTA's duration, ticks (int64)
     dispatch_hold: Bool[Array, ""]  # closed loop held CTAs back this tick: re-evaluate next tick
     warps: Warps
@@ -145,6 +146,7 @@ def initial_state(shapes: Shapes) -> State:
         resident=zi(s),
         cta_start=zi(s, c),
         cta_usable_tick=zi(s, c),
+        cta_used=jnp.zeros((s, c), bool),
         dispatch_est=zl(n, s),
         dispatch_hold=jnp.zeros((), bool),
         warps=Warps(

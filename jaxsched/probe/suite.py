@@ -5,7 +5,8 @@ per SM, forced through dynamic shared memory where the natural occupancy is high
 per-warp loop trip counts, drawn from the simulator's own hash (docs/model.md section 4) so the
 hardware and the simulator run the same work per CTA. `program()` is the warp program the
 simulator runs for it, instruction for instruction as the SASS of the loop (checked with
-`cuobjdump -sass`: 256 FFMA + IADD3 + ISETP + BRA per trip of `work_fma_dep`).
+`cuobjdump -sass`: 256 FFMA + IADD3 + ISETP + BRA per trip of `work_fma_dep`), with the SASS
+outside the loop (address, count test, end stamp) as dependent ALU stand-ins.
 
 `fma_dep_bank` runs the same chain with an FFMA whose two register operands share a register
 bank (`FFMA R8, R8, R2, R3`, no operand reuse). The simulator has no register banks
@@ -40,6 +41,15 @@ ROLES = ("calibration", "prediction")
 _LOOP_OVERHEAD_ALU = 3
 _LDG_ADDRESS_ALU = 3
 _LDG_TAIL_ALU = 6
+# The SASS outside the loop (data/h200/sass_work.txt) as dependent 4-cycle ALU stand-ins: the
+# trip-count address after the entry bar (S2R, LDC, SHF, IMAD, IMAD.WIDE, ...: 13 instructions),
+# the count's test after the load (I2FP, LOP3, FMUL, ISETP, BRA, MOV: 7) and the end stamp's store
+# after the loop (CS2R, LDC, LEA, LEA.HI.X, STG, ISETP: 8). ALU, not FMA, so that the bank-conflict
+# cases' FMA issue interval does not slow them. The total (32) is fitted to a lone warp's CTA
+# time, 437 cycles fixed + 1032.8 per trip on the H200 (docs/calibration.md).
+_BEFORE_LOAD_OPS = 15
+_AFTER_LOAD_OPS = 8
+_EPILOGUE_OPS = 9
 # [cal] docs/calibration.md: fma_dep_bank_t256_w1 issues a bank-conflicted FFMA every 2.0 cycles
 # per scheduler (conflict-free chains and independent FFMAs with operand reuse: 1.0)
 BANK_CONFLICT_FMA_ISSUE_CYCLES = 2
@@ -103,8 +113,10 @@ class ProbeCase:
             body = (["alu"] * _LDG_ADDRESS_ALU + ["ldg bytes=128"] * kernels.LDG_UNROLL
                     + ["fma dep"] * kernels.LDG_UNROLL + ["alu"] * (_LDG_TAIL_ALU - _LOOP_OVERHEAD_ALU))
         body += ["alu"] * _LOOP_OVERHEAD_ALU
-        # bar at entry, one 32-byte load of the warp's trip count, the loop, bar before exit
-        lines = ["bar", "ldg bytes=32", loop, *(f"  {b}" for b in body), "end", "bar", "exit"]
+        # bar at entry, the address chain, one 32-byte load of the warp's trip count and the
+        # chain that tests it, the loop, the end stamp's chain, bar before exit
+        lines = ["bar", *["alu dep"] * _BEFORE_LOAD_OPS, "ldg bytes=32", *["alu dep"] * _AFTER_LOAD_OPS, loop,
+                 *(f"  {b}" for b in body), "end", *["alu dep"] * _EPILOGUE_OPS, "bar", "exit"]
         return "\n".join(lines)
 
     def l2_hit_rate(self) -> float:
