@@ -40,7 +40,7 @@ def _run_pair(cfg: dict):
     return simulate(**cfg), ref
 
 
-@settings(max_examples=90, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=75, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=configurations())
 def test_engine_equals_reference(cfg: dict) -> None:
     result, ref = _run_pair(cfg)
