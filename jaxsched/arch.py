@@ -125,7 +125,7 @@ class Arch(eqx.Module):
 
     # --- CTA dispatch ---
     cta_launch_ns: Float[Array, ""]  # a freed CTA slot takes this long to start its next CTA
-    # starved scheduler-cycles an SM collects per CTA it launches (docs/model.md sections 7, 9)
+    # starved scheduler-cycles an SM collects per refill of a used CTA slot (docs/model.md sections 7, 9)
     cta_launch_idle_cycles: Int[Array, ""]
     # kernel launches (docs/model.md section 13): the host's cudaLaunchKernel call, and the time
     # from a launch being allowed to start to its first CTA; the same for a CUDA graph's launch

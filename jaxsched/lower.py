@@ -90,7 +90,7 @@ class Launch(eqx.Module):
     grid_sync_ticks: Int[Array, ""]
     cta_launch_ticks: Int[Array, ""]  # a freed CTA slot takes its next CTA this much later
     taken_branch_cycles: Int[Array, ""]  # a warp jumping back to its loop start waits this long
-    launch_idle_cycles: Int[Array, ""]  # starved scheduler-cycles an SM collects per CTA launch, 0: off
+    launch_idle_cycles: Int[Array, ""]  # starved scheduler-cycles an SM collects per refill, 0: off
     work_items: Int[Array, ""]  # persistent kernel's queue length, 0: off
     dvfs: DvfsLaunch
 
@@ -169,6 +169,13 @@ def _round_i32(x: Array) -> Array:
     return jnp.round(x).astype(jnp.int32)
 
 
+def ns_to_ticks(ns: Float[Array, "..."] | float, tick_mhz: Int[Array, ""]) -> Int[Array, "..."]:
+    """`round(ns * F / 1000)` ticks (docs/model.md section 2), the product first: `ns * (F / 1000)`
+    rounds a tie such as 300 ns at 1505 MHz (451.5) one way eagerly (451.4999...) and the other
+    under jit, where XLA reassociates it, so the reference and the engine would disagree."""
+    return _round_i32(jnp.asarray(ns, jnp.float64) * jnp.asarray(tick_mhz).astype(jnp.float64) / 1000.0)
+
+
 def _lower(
     arch: Arch,
     kernel: Kernel,
@@ -196,11 +203,6 @@ def _lower(
     dvfs = off(arch) if dvfs is None else dvfs
     tick_mhz = reachable_tick_mhz(dvfs, freq)
     ticks_per_ns = tick_mhz.astype(jnp.float64) / 1000.0
-    mhz64 = tick_mhz.astype(jnp.float64)
-    # ns -> ticks as `round(ns * F / 1000)`, the product first: `ns * (F / 1000)` rounds a tie
-    # such as 300 ns at 1505 MHz (451.5) differently eagerly (451.4999...) and under jit, where
-    # XLA reassociates it
-    ns_to_ticks = lambda ns: _round_i32(jnp.asarray(ns, jnp.float64) * mhz64 / 1000.0)  # noqa: E731
 
     occ = occupancy(arch, kernel.threads_per_cta, kernel.regs_per_thread,
                     kernel.dynamic_smem_bytes, kernel.static_smem_bytes)
@@ -241,13 +243,13 @@ def _lower(
         dispatch_policy=i32(dispatch_policy),
         dispatch_weight=jnp.where(enabled, freq if dispatch_weight is None else i32(dispatch_weight), 0),
         ema_alpha_256=_round_i32(jnp.asarray(ema_alpha, jnp.float64) * 256.0),
-        ema_prior_ticks=ns_to_ticks(ema_prior_ns),
+        ema_prior_ticks=ns_to_ticks(ema_prior_ns, tick_mhz),
         op=op,
         dep=jnp.asarray(kernel.dep),
         lat_cycles=jnp.asarray(arch.latency_cycles)[op],
         issue_cost64=_round_i32(jnp.asarray(arch.issue_cycles, jnp.float64)[op] * ISSUE_UNITS_PER_CYCLE),
         mio_cost=mio_cost,
-        mem_lat_ticks=jnp.where(is_ldg, ns_to_ticks(mem_lat_ns), 0),
+        mem_lat_ticks=jnp.where(is_ldg, ns_to_ticks(mem_lat_ns, tick_mhz), 0),
         l2_cost=jnp.where(is_ldg, jnp.maximum(l2_cost, 1), 0),
         dram_cost=jnp.where(is_ldg, dram_cost, 0),
         grid_sync=jnp.asarray(kernel.grid_sync) & (op == Op.BAR),
@@ -261,8 +263,8 @@ def _lower(
         trips_warp_spread=i32(kernel.trips_warp_spread),
         branch_threshold=_round_i32(kernel.branch_if_probability * BRANCH_HASH_ONE),
         seed=i32(kernel.seed),
-        grid_sync_ticks=ns_to_ticks(kernel.grid_sync_ns),
-        cta_launch_ticks=ns_to_ticks(arch.cta_launch_ns),
+        grid_sync_ticks=ns_to_ticks(kernel.grid_sync_ns, tick_mhz),
+        cta_launch_ticks=ns_to_ticks(arch.cta_launch_ns, tick_mhz),
         taken_branch_cycles=i32(arch.taken_branch_cycles),
         launch_idle_cycles=i32(arch.cta_launch_idle_cycles),
         work_items=i32(kernel.work_items),

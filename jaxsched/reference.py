@@ -221,7 +221,7 @@ class SM:
         self.resident = 0  # occupied CTA slots
         # [sched][FMA/ALU/SFU]: the time in 1/64 cycle from which the pipe is free
         self.pipe_free64 = [[0, 0, 0] for _ in range(shapes.schedulers)]
-        # starved scheduler-cycles collected towards the next CTA launch (sections 7 and 9)
+        # starved scheduler-cycles collected towards the next refill (sections 7 and 9)
         self.launch_credit = launch_credit
         self.last = [-1] * shapes.schedulers  # per scheduler, the last issued q
         self.warps = [Warp() for _ in range(shapes.warp_slots)]

@@ -23,6 +23,7 @@ from . import tomldoc
 from .arch import Arch
 from .errors import JaxschedError, check
 from .kernel import Kernel, kernel_from_dict, load_kernel
+from .lower import ns_to_ticks
 
 MODES = ("stream", "graph")
 MAX_LAUNCHES = 64
@@ -173,11 +174,8 @@ def lower_launches(
     compiled simulation serves every workload of `L` launches). `api_ns`, `gap_ns` are the
     mode's overheads."""
     with jax.enable_x64(True):
-        # round(ns * F / 1000), the product first, so that eager and jitted lowering round a tie
-        # (300 ns at 1505 MHz: 451.5) alike
-        mhz64 = jnp.asarray(tick_mhz).astype(jnp.float64)
-        api = jnp.round(jnp.asarray(api_ns, jnp.float64) * mhz64 / 1000.0).astype(jnp.int32)
-        gap = jnp.round(jnp.asarray(gap_ns, jnp.float64) * mhz64 / 1000.0).astype(jnp.int32)
+        api = ns_to_ticks(api_ns, tick_mhz)
+        gap = ns_to_ticks(gap_ns, tick_mhz)
         grid = jnp.asarray(grid_ctas, jnp.int32)
         order = jnp.arange(1, grid.shape[-1] + 1, dtype=jnp.int32)
         submit = jnp.where(graph, 1, order) * api  # one graph launch submits every node at once

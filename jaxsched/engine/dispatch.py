@@ -2,9 +2,9 @@
 
 A policy is a score per SM; the next CTA goes to the highest-scoring SM with a usable free CTA
 slot, one CTA at a time, scores re-evaluated after every placement. A slot freed at tick `e` is
-usable from `e + cta_launch_ticks` (the launch path's latency) on an SM that holds the launch
-credit for a CTA (each placement spends it), so "room" counts usable free slots while `resident`
-still counts occupied ones. Policies are selected by a traced index, so
+usable from `e + cta_launch_ticks` (the launch path's latency); a slot that has held a CTA is
+refilled only on an SM that holds the launch credit (each refill spends it), so "room" counts
+usable free slots while `resident` still counts occupied ones. Policies are selected by a traced index, so
 one compiled simulation serves all of them.
 
 The placement loop carries only the CTA-slot table (small); the warps of every CTA placed in the
@@ -66,7 +66,6 @@ class _Slots(NamedTuple):
     rr_pointer: Int[Array, ""]
     credit: Int[Array, " sm"]  # launch credit (docs/model.md section 9)
     hold: Bool[Array, ""]  # closed loop chose a full SM: nothing more this tick
-    fresh: Bool[Array, "sm cta"]  # slots that have never held a CTA: no launch credit needed
 
 
 def scores(
@@ -149,26 +148,24 @@ def next_usable_tick(state: State, launch: Launch, shapes: Shapes, launches: Lau
     return jnp.where(jnp.any(state.next_cta < launches.n_ctas), soonest, INF)
 
 
-def _room(slots: _Slots, usable: Bool[Array, "sm cta"], launch: Launch) -> Int[Array, " sm"]:
-    """Usable free CTA slots per SM: past their launch latency, and first fills or on an SM with
-    launch credit (0 on floorswept SMs)."""
-    return jnp.sum(_takes_now(slots, usable, launch), axis=1, dtype=jnp.int32)
-
-
-def _takes_now(slots: _Slots, usable: Bool[Array, "sm cta"], launch: Launch) -> Bool[Array, "sm cta"]:
-    """Free slots that can take a CTA now: usable, and never used or on an SM with launch
-    credit (a refill needs credit, a first fill does not: section 9)."""
-    return (slots.cta_id < 0) & usable & (slots.fresh | can_launch(slots.credit, launch)[:, None])
+def _takes_now(
+    slots: _Slots, usable: Bool[Array, "sm cta"], fresh: Bool[Array, "sm cta"], launch: Launch
+) -> Bool[Array, "sm cta"]:
+    """Free slots that can take a CTA now: usable (past their launch latency, 0 on floorswept
+    SMs), and never used (`fresh`) or on an SM with launch credit (a refill needs credit, a
+    first fill does not: section 9). Per SM, their count is its room."""
+    return (slots.cta_id < 0) & usable & (fresh | can_launch(slots.credit, launch)[:, None])
 
 
 def _launching_tick(
-    slots: _Slots, launch: Launch, shapes: Shapes, usable_tick: Int[Array, "sm cta"], tick: Int[Array, ""]
+    slots: _Slots, launch: Launch, shapes: Shapes, usable_tick: Int[Array, "sm cta"], fresh: Bool[Array, "sm cta"],
+    tick: Int[Array, ""],
 ) -> Int[Array, "sm cta"]:
     """When each free slot is expected to take a CTA, for the closed loop's hold (INF: usable
     now, occupied or out of range): its usable tick while in its launch latency, else `tick + 1`
     on an SM that lacks launch credit (section 9)."""
     free = _cta_slots(launch, shapes) & (slots.cta_id < 0)
-    waits_credit = (usable_tick <= tick) & ~can_launch(slots.credit, launch)[:, None] & ~slots.fresh
+    waits_credit = (usable_tick <= tick) & ~can_launch(slots.credit, launch)[:, None] & ~fresh
     return jnp.where(free & (usable_tick > tick), usable_tick, jnp.where(free & waits_credit, tick + 1, INF))
 
 
@@ -180,6 +177,7 @@ def _place_one(
     shapes: Shapes,
     usable: Bool[Array, "sm cta"],
     usable_tick: Int[Array, "sm cta"],
+    fresh: Bool[Array, "sm cta"],
     est_all: Int[Array, "launch sm"],
     tick: Int[Array, ""],
 ) -> _Slots:
@@ -187,12 +185,13 @@ def _place_one(
     _, head = head_launch(ready, slots.next_cta, launches, tick)
     est = est_all[head]
     local = slots.next_cta[head]
-    room = _room(slots, usable, launch)
-    launching_tick = _launching_tick(slots, launch, shapes, usable_tick, tick)
+    takes = _takes_now(slots, usable, fresh, launch)
+    room = jnp.sum(takes, axis=1, dtype=jnp.int32)
+    launching_tick = _launching_tick(slots, launch, shapes, usable_tick, fresh, tick)
     score = jnp.where(room > 0, scores(slots, launch, room, est, tick), jnp.iinfo(jnp.int64).min)
     sm = jnp.argmax(score).astype(jnp.int32)
     hold = _hold_for_better_slots(slots, launch, launching_tick, est, sm, tick, launches.n_ctas[head] - local)
-    j = jnp.argmax(_takes_now(slots, usable, launch)[sm]).astype(jnp.int32)  # lowest usable free slot
+    j = jnp.argmax(takes[sm]).astype(jnp.int32)  # lowest free slot that can take it
     n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled, dtype=jnp.int32), 1)
     placed = _Slots(
         cta_id=slots.cta_id.at[sm, j].set(launches.cta_base[head] + local),
@@ -203,9 +202,8 @@ def _place_one(
         next_cta=slots.next_cta.at[head].add(1),
         rr_pointer=jnp.where(launch.dispatch_policy == ROUND_ROBIN,
                              (launch.dispatch_rank[sm] + 1) % n_enabled, slots.rr_pointer),
-        credit=slots.credit.at[sm].add(jnp.where(slots.fresh[sm, j], 0, -launch.launch_idle_cycles)),
+        credit=slots.credit.at[sm].add(jnp.where(fresh[sm, j], 0, -launch.launch_idle_cycles)),
         hold=jnp.bool_(False),
-        fresh=slots.fresh,
     )
     return jax.tree.map(lambda h, p: jnp.where(hold, h, p), slots._replace(hold=jnp.bool_(True)), placed)
 
@@ -218,18 +216,19 @@ def dispatch(
     left, no enabled SM has a usable free slot or the closed loop holds; launch their warps."""
     usable = _usable_slots(state, launch, shapes, tick)
     ready = state.kernel_ready
+    fresh = ~state.cta_used  # a slot placed in this tick is occupied, so this needs no update
 
     def has_work(slots: _Slots) -> Array:
         some, _ = head_launch(ready, slots.next_cta, launches, tick)
-        return some & jnp.any(_room(slots, usable, launch) > 0) & ~slots.hold
+        return some & jnp.any(_takes_now(slots, usable, fresh, launch)) & ~slots.hold
 
     live = jnp.sum(state.cta_live, axis=1, dtype=jnp.int32)
     start = _Slots(state.cta_id, state.cta_launch, state.resident, live, state.cta_start, state.next_cta,
-                   state.rr_pointer, state.launch_credit, jnp.bool_(False), ~state.cta_used)
+                   state.rr_pointer, state.launch_credit, jnp.bool_(False))
     est = _censored_estimate(state, tick)
     slots = jax.lax.while_loop(
         has_work,
-        lambda s: _place_one(s, launch, launches, ready, shapes, usable, state.cta_usable_tick, est, tick),
+        lambda s: _place_one(s, launch, launches, ready, shapes, usable, state.cta_usable_tick, fresh, est, tick),
         start)
     new = (slots.cta_id >= 0) & (slots.cta_id != state.cta_id)  # [sm, cta]
 

@@ -1,11 +1,11 @@
-"""Launch credit: an SM takes its next CTA only after its schedulers have idled enough
+"""Launch credit: an SM refills a CTA slot only after its schedulers have idled enough
 (docs/model.md sections 7, 9 and 11).
 
-Launching a CTA's warps takes issue cycles that the running warps leave idle, so a busy SM
-refills a freed slot late [cal]. A scheduler is *starved* in a cycle when none of its active
+Refilling a slot that a CTA has left takes issue cycles that the running warps leave idle, so a
+busy SM refills a freed slot late [cal]; a slot's first CTA needs no credit. A scheduler is *starved* in a cycle when none of its active
 warps is eligible or throttled (every one waits on a barrier, a scoreboard, a fixed latency or
 a refetch; or it has none). An SM with a free CTA slot collects one credit per starved
-scheduler-cycle, up to `launch_idle_cycles`; dispatch places a CTA only on an SM holding that
+scheduler-cycle, up to `launch_idle_cycles`; dispatch refills a slot only on an SM holding that
 much, and spends it.
 """
 
@@ -57,5 +57,5 @@ def cycles_to_full(
 
 
 def can_launch(credit: Int[Array, " sm"], launch: Launch) -> Bool[Array, " sm"]:
-    """SMs that hold the credit for one more CTA (always, with the rule off)."""
+    """SMs that hold the credit for one more refill (always, with the rule off)."""
     return credit >= launch.launch_idle_cycles
