@@ -16,6 +16,7 @@ controller really moves clocks during each run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
@@ -67,7 +68,8 @@ def main() -> None:
               np.zeros(n, np.float32), stack([params] * n))
     with jax.enable_x64(True):
         t0 = time.perf_counter()
-        compiled = _compiled.lower(*inputs, shapes=shapes_for(arch, kernel), max_ticks=MAX_TICKS,
+        shapes = dataclasses.replace(shapes_for(arch, kernel), dvfs=args.dvfs)  # as simulate_batch decides
+        compiled = _compiled.lower(*inputs, shapes=shapes, max_ticks=MAX_TICKS,
                                    batched=True).compile()
         compile_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()

@@ -43,6 +43,7 @@ class Shapes:
     max_ctas: int  # per-CTA trace length (all launches of a workload)
     trace_len: int = 0  # rows of the DVFS clock trace (section 12)
     n_launches: int = 1  # kernel launches of a workload (section 13)
+    dvfs: bool = True  # False when every configuration has DVFS off: section 12's step is compiled out
 
     @property
     def warps_per_scheduler(self) -> int:

@@ -297,8 +297,9 @@ def _static_shapes(arch: Arch, kernel: Kernel):
     return dataclasses.replace(shapes_for(arch, kernel), max_ctas=0)
 
 
-def _check_dvfs(sweep: Sweep, source: str) -> None:
-    """Every distinct `[dvfs]` setting of the sweep is a valid combination (before any compute)."""
+def _dvfs_settings(sweep: Sweep, source: str):
+    """Each distinct `[dvfs]` setting of the sweep: (where, its Dvfs), built lazily so that a
+    caller can catch its error."""
     swept = [p for p in list(sweep.grid) + [f.path for f in (sweep.design.factors if sweep.design else ())]
              if p.startswith("dvfs.")]
     seen = set()
@@ -308,10 +309,22 @@ def _check_dvfs(sweep: Sweep, source: str) -> None:
             seen.add(key)
             where = f"{source}: {_point_label(sweep, index)}"
             point = sweep_paths.assign_all(sweep.base, key, where)
-            try:
-                validate_dvfs(dvfs_params(sweep.arch, point["dvfs"], sweep.seed))
-            except JaxschedError as exc:
-                raise JaxschedError(f"{where}: {exc.field}", exc.value, exc.limit) from None
+            yield where, lambda point=point: dvfs_params(sweep.arch, point["dvfs"], sweep.seed)
+
+
+def uses_dvfs(sweep: Sweep) -> bool:
+    """Whether any configuration runs DVFS: then every chunk compiles the DVFS step, so that the
+    sweep compiles once (`simulate_batch`'s `dvfs_step`)."""
+    return any(int(make().mode) != dvfs.MODES.index("off") for _, make in _dvfs_settings(sweep, "sweep"))
+
+
+def _check_dvfs(sweep: Sweep, source: str) -> None:
+    """Every distinct `[dvfs]` setting of the sweep is a valid combination (before any compute)."""
+    for where, make in _dvfs_settings(sweep, source):
+        try:
+            validate_dvfs(make())
+        except JaxschedError as exc:
+            raise JaxschedError(f"{where}: {exc.field}", exc.value, exc.limit) from None
 
 
 def _check_points(sweep: Sweep, source: str) -> tuple[np.ndarray, np.ndarray, int]:
@@ -608,8 +621,9 @@ def _sharded_engine(mesh: Mesh):
 class Runner:
     """Runs batches of configurations on local devices, sharded over them when more than one."""
 
-    def __init__(self, devices: Sequence | None = None):
+    def __init__(self, devices: Sequence | None = None, dvfs_step: bool | None = None):
         self.devices = list(devices) if devices else jax.local_devices()
+        self.dvfs_step = dvfs_step  # simulate_batch's: None decides per batch
         self.mesh = Mesh(np.asarray(self.devices), ("config",)) if len(self.devices) > 1 else None
 
     def batch_size(self, n: int) -> int:
@@ -629,7 +643,8 @@ class Runner:
         col = {name: [getattr(c, name) for c in padded] for name in Config._fields}
         args = [col[name] for name in ("arch", "kernel", "clocks", "warp_policy", "dispatch", "dispatch_start")]
         kwargs = dict(dispatch_weight=col["dispatch_weight"], ema_alpha=np.asarray(col["ema_alpha"]),
-                      ema_prior_ns=np.asarray(col["ema_prior_ns"]), dvfs=col["dvfs"])
+                      ema_prior_ns=np.asarray(col["ema_prior_ns"]), dvfs=col["dvfs"],
+                      dvfs_step=self.dvfs_step)
         if self.mesh is None:
             with jax.default_device(self.devices[0]):
                 result = simulate_batch(*args, **kwargs)
@@ -833,7 +848,7 @@ def _extra_shape(sweep: Sweep, extra: tuple[str, ...]) -> tuple[int, ...]:
 def run(sweep: Sweep, progress: Callable[[int, int, float], None] | None = None, *,
         devices: Sequence | None = None, chunk: int | None = None) -> xr.Dataset:
     """Run every configuration in chunks and return the dataset (in memory, no store)."""
-    runner = Runner(devices)
+    runner = Runner(devices, uses_dvfs(sweep))
     layout = make_layout(sweep, chunk or sweep.chunk or auto_chunk(sweep, runner.devices))
     arrays = _unfilled(sweep, layout.shape)
     batch = runner.batch_size(layout.chunk_size)
@@ -998,7 +1013,7 @@ def execute(
     out = Path(out)
     store = out / STORE
     rank, n_proc = jax.process_index(), jax.process_count()
-    runner = Runner(devices)
+    runner = Runner(devices, uses_dvfs(sweep))
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         keep = False

@@ -146,3 +146,22 @@ def test_dvfs_off_changes_nothing() -> None:
     off = js.simulate(ARCH, COMPUTE, dvfs=dvfs.off(ARCH))
     assert int(plain.makespan_ticks) == int(off.makespan_ticks)
     assert np.all(np.asarray(off.sm_energy_pj) == 0) and np.all(np.asarray(off.trace_tick) == -1)
+
+
+def test_compiling_the_dvfs_step_out_changes_no_output() -> None:
+    """With every configuration's DVFS off the batch compiles the DVFS step out (`Shapes.dvfs`);
+    a sweep that also has DVFS configurations compiles it in for every chunk. Both must give the
+    same numbers, bit for bit."""
+    batch = ([ARCH] * 2, [COMPUTE, MEMORY], [js.clocks.uniform(ARCH, 1.5), js.clocks.uniform(ARCH, 1.98)],
+             [1, 0], [0, 4], [0, 1])
+    out = js.simulate_batch(*batch)
+    kept = js.simulate_batch(*batch, dvfs_step=True)
+    for name in ("makespan_ticks", "sm_cycles", "sm_issued", "sm_stalls", "cta_sm", "cta_start_tick",
+                 "cta_end_tick", "sm_energy_pj", "trace_tick"):
+        assert np.array_equal(np.asarray(getattr(out, name)), np.asarray(getattr(kept, name))), name
+
+
+def test_leaving_the_dvfs_step_out_of_a_dvfs_batch_is_refused() -> None:
+    with pytest.raises(JaxschedError, match=r"dvfs_step.*DVFS on"):
+        js.simulate_batch([ARCH], [COMPUTE], [js.clocks.uniform(ARCH)], [1], [0], [0], dvfs=[params()],
+                          dvfs_step=False)

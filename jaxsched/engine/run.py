@@ -22,7 +22,7 @@ from jaxtyping import Array, ArrayLike, Bool, Float, Int
 from .. import clocks as clocks_mod
 from ..arch import Arch
 from ..clocks import Clocks
-from ..dvfs import Dvfs, off, validate_dvfs
+from ..dvfs import MODES, Dvfs, off, validate_dvfs
 from ..errors import check
 from ..kernel import Kernel
 from ..lower import (DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, policy_index, shapes_for,
@@ -145,7 +145,8 @@ def run_launch(
     def step(state: State) -> State:
         state = grid_barrier(run_tick(state, launch, shapes, launches), launch)
         state = dispatch(state, launch, shapes, variation, state.tick, launches)
-        state = dvfs_step(state, launch, shapes, doms)
+        if shapes.dvfs:  # with DVFS off the step changes nothing (section 12)
+            state = dvfs_step(state, launch, shapes, doms)
         return skip_to_next_event(state, launch, shapes, state.ctas_done >= launch.n_ctas, launches)
 
     def running(state: State) -> Array:
@@ -247,6 +248,20 @@ def _dvfs_input(arch: Arch, dvfs: Dvfs | None) -> Dvfs:
     return dvfs
 
 
+def any_dvfs(dvfs: Dvfs) -> bool:
+    """Whether a configuration (or any of a stack) has DVFS on, so needs the DVFS step."""
+    return bool(np.any(np.asarray(dvfs.mode) != MODES.index("off")))
+
+
+def _dvfs_step(dvfs: Dvfs, requested: bool | None) -> bool:
+    """`Shapes.dvfs`: the batch's own need, or the caller's choice where that covers it."""
+    needed = any_dvfs(dvfs)
+    if requested is None:
+        return needed
+    check(requested or not needed, "dvfs_step", requested, "True: a configuration of the batch has DVFS on")
+    return bool(requested)
+
+
 def _trace_len(n: int) -> int:
     check(isinstance(n, (int, np.integer)) and 0 <= n <= 1 << 16, "trace_len", n, "an integer in 0 .. 65536")
     return int(n)
@@ -297,7 +312,7 @@ def simulate(
     dp = np.int32(policy_index(dispatch, DISPATCH_POLICIES, "dispatch"))
     extra = _dispatch_inputs(arch, clocks, dispatch_weight, ema_alpha, ema_prior_ns)
     dvfs = _dvfs_input(arch, dvfs)
-    shapes = dataclasses.replace(shapes, trace_len=_trace_len(trace_len))
+    shapes = dataclasses.replace(shapes, trace_len=_trace_len(trace_len), dvfs=any_dvfs(dvfs))
     with jax.enable_x64(True):
         result = _compiled(arch, kernel, clocks, wp, dp, np.int32(dispatch_start), *extra, dvfs,
                            shapes=shapes, max_ticks=max_ticks, batched=False)
@@ -340,6 +355,7 @@ def simulate_batch(
     dvfs: Sequence[Dvfs | None] | None = None,
     trace_len: int = 0,
     max_ticks: int = MAX_TICKS,
+    dvfs_step: bool | None = None,
 ) -> Result:
     """Simulate N configurations in one vmapped call (one compilation for equal static shapes).
 
@@ -347,7 +363,10 @@ def simulate_batch(
     `dispatch_weight` is a list of per-SM weights (or None: the clocks), `ema_alpha` and
     `ema_prior_ns` scalars or length-N arrays; `dvfs` a list of `Dvfs` (None: static clocks).
     `kernels` may instead be workloads with one number of launches (streams, dependencies and
-    modes may differ); their programs are padded to one length.
+    modes may differ); their programs are padded to one length. `dvfs_step` compiles the DVFS
+    step in (True) or out (False: every configuration must have DVFS off); None decides by the
+    batch. A sweep passes True when any of its configurations has DVFS on, so that its chunks
+    share one compilation.
     """
     n = len(archs)
     check(len(kernels) == n and len(clocks) == n, "batch", (n, len(kernels), len(clocks)),
@@ -357,17 +376,17 @@ def simulate_batch(
     check(len({s[:-1] for s in shape_set}) == 1, "batch", sorted(shape_set),
           "every configuration needs the same SM slots, warp/CTA slots and program length "
           "(pad programs with make_kernel(pad_to=...))")
+    dvfs_list = [None] * n if dvfs is None else list(dvfs)
+    check(len(dvfs_list) == n, "dvfs", len(dvfs_list), f"one entry per configuration ({n})")
+    dvfs_stack = stack([_dvfs_input(a, d) for a, d in zip(archs, dvfs_list)])
     shapes = dataclasses.replace(shape_list[0], max_ctas=max(s[-1] for s in shape_set),
-                                 trace_len=_trace_len(trace_len))
+                                 trace_len=_trace_len(trace_len), dvfs=_dvfs_step(dvfs_stack, dvfs_step))
     as_i32 = lambda v: np.broadcast_to(np.asarray(v, dtype=np.int32), (n,))  # noqa: E731
     weights = [None] * n if dispatch_weight is None else list(dispatch_weight)
     alphas = np.broadcast_to(np.asarray(ema_alpha, dtype=np.float32), (n,))
     priors = np.broadcast_to(np.asarray(ema_prior_ns, dtype=np.float32), (n,))
     extra = [_dispatch_inputs(a, c, w, al, pr) for a, c, w, al, pr in zip(archs, clocks, weights, alphas, priors)]
     extra = tuple(np.stack(col) for col in zip(*extra))
-    dvfs_list = [None] * n if dvfs is None else list(dvfs)
-    check(len(dvfs_list) == n, "dvfs", len(dvfs_list), f"one entry per configuration ({n})")
-    dvfs_stack = stack([_dvfs_input(a, d) for a, d in zip(archs, dvfs_list)])
     with jax.enable_x64(True):
         result = _compiled(stack(archs), stack(kernels), stack(clocks), as_i32(warp_policy),
                            as_i32(dispatch), as_i32(dispatch_start), *extra, dvfs_stack, shapes=shapes,
