@@ -788,7 +788,8 @@ class _Sim:
                                              sm.rank))
         # closed loop, with the head launch's censored estimates: smallest estimate, then most
         # usable free CTA slots, then the lowest rank; in the tail it holds the CTA if the
-        # launch's CTAs left fit in clearly better slots (occupied by any launch, or launching).
+        # launch's CTAs left fit in clearly better slots (occupied by any launch, or free and
+        # still launching; not free slots waiting for launch credit).
         e = self.censored[kernel.index]
         cand = min(free, key=lambda sm: (e[sm.index], -room[sm.index], sm.rank))
         target = self.now + e[cand.index]
@@ -799,15 +800,12 @@ class _Sim:
             for cta, t0 in zip(sm.cta_id, sm.start):
                 if cta >= 0 and max(self.now, t0 + es) + es + margin < target:
                     better += 1
-            for j in range(self.ctas_per_sm):  # free slots still launching take a CTA soon
-                if sm.cta_id[j] >= 0:
-                    continue
+            # free slots still in their launch latency (usable tick u > k) take a CTA soon; a
+            # free slot past it is room, or, if used on an SM without launch credit, not
+            # better: when the SM collects the credit depends on when its schedulers starve
+            for j in range(self.ctas_per_sm):
                 u = sm.usable[j]
-                if u <= self.now:
-                    if self.has_launch_credit(sm) or not sm.used[j]:
-                        continue  # usable now: room, not a slot to wait for
-                    u = self.now + 1  # a used slot waiting for credit: usable next tick at best
-                if u + es + margin < target:
+                if sm.cta_id[j] < 0 and u > self.now and u + es + margin < target:
                     better += 1
         if kernel.left <= better:
             return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import small_arch
+from helpers import hand_h200, small_arch
 
 import jaxsched as js
 from jaxsched import clocks
@@ -210,3 +210,19 @@ def test_neutral_parameters_reproduce_the_engine_before_the_rules(dispatch, warp
     assert np.asarray(r.sm_stalls).sum(0).tolist() == want["sm_stalls"]
     assert int(np.sum(r.sm_issued)) == want["sm_issued"]
     assert int(np.sum(r.sm_cycles)) == want["sm_cycles"]
+
+
+@pytest.mark.parametrize("idle_cycles, c3_sm, c3_end", [(0, 0, 114), (7, 1, 151)])
+def test_closed_loop_does_not_hold_for_a_slot_waiting_for_credit(idle_cycles, c3_sm, c3_end):
+    """The JAX engine on test_reference_issue_rules.py's hand-derived case of the same name
+    (docs/model.md section 9): with K = 7 the fast SM's freed slot waits for launch credit at
+    tick 76, so it is not a better slot and the last CTA starts on the slow SM at once."""
+    arch = hand_h200(2, launch_idle_cycles=idle_cycles)
+    freq = np.zeros(arch.n_sm_slots)
+    freq[:2] = (1980, 990)
+    kernel = js.make_kernel("\n".join(["fma dep"] * 10), grid=4, threads=32, smem_bytes=200 * 1024)
+    r = js.simulate(arch, kernel, clocks.from_array(arch, freq), dispatch="closed_loop",
+                    ema_alpha=1.0, ema_prior_ns=50.0)
+    assert np.asarray(r.cta_sm).tolist() == [0, 1, 0, c3_sm]
+    assert np.asarray(r.cta_start_tick).tolist() == [0, 0, 38, 76]
+    assert np.asarray(r.cta_end_tick).tolist() == [38, 75, 76, c3_end]

@@ -228,28 +228,31 @@ def test_credit_collects_only_while_a_slot_is_free(launch_idle_cycles, third_sta
     assert r["cta_end_tick"].tolist() == [10, 20, third_start + 10]
 
 
-@pytest.mark.parametrize("launch_idle_cycles, c3_start", [(0, 76), (7, 77)])
-def test_closed_loop_holds_for_a_slot_waiting_for_credit(launch_idle_cycles, c3_start):
+@pytest.mark.parametrize("launch_idle_cycles, c3_sm, c3_end", [(0, 0, 114), (7, 1, 151)])
+def test_closed_loop_does_not_hold_for_a_slot_waiting_for_credit(launch_idle_cycles, c3_sm,
+                                                                   c3_end):
     """SM 0 at 1980 MHz, SM 1 at 990 MHz (it cycles at odd ticks), one CTA slot each, one-warp
     CTAs of 10 dependent FMAs: 38 ticks on SM 0, 75 on SM 1 from tick 0 (test_reference.py's
     closed-loop case), closed loop with a = 1 (the estimate is the last duration).
     Both K: c0 -> SM 0, c1 -> SM 1 at 0 (never-used slots: no credit spent); at 38 c0 ends and
     SM 0, its credit still full, refills with c2 (ends 76; with K = 7 the credit is now 0, and
     stays 0 while c2 runs: no free slot). At 75 c1 ends (SM 1 keeps a full credit, e_1 = 75);
-    the tail CTA c3 is held for SM 0's running c2: max(75, 38 + 38) + 38 + 75 // 8 = 123 <
-    75 + 75.
-    K = 0: at 76 SM 0's slot is free and usable: c3 -> SM 0 at 76.
+    the tail CTA c3 is held for SM 0's running c2 (an occupied slot, better as before):
+    max(75, 38 + 38) + 38 + 75 // 8 = 123 < 75 + 75.
+    K = 0: at 76 SM 0's slot is free and usable: c3 -> SM 0 at 76 (e_0 = 38 < e_1), ends 114.
     K = 7: at 76 SM 0's slot is free but used and its credit is 3 (+3 in its completion cycle:
-    the EXIT's scheduler is busy): only SM 1 has room, target 76 + 75 = 151. SM 0's slot counts
-    as usable at 77: 77 + 38 + 75 // 8 = 124 < 151, a better slot for the last CTA: hold. Tick
-    77: SM 0 +4 = 7, c3 -> SM 0 at 77 (e_0 = 38 < e_1).
-    (Without the credit term in the hold, c3 would start on SM 1 at 76 and end at 151.)"""
+    the EXIT's scheduler is busy), so only SM 1 has room: candidate SM 1, target 76 + 75 = 151.
+    SM 0's slot is past its launch latency (usable tick 76, not > 76) and waits for credit: not
+    a better slot (model.md section 9); nothing is occupied and nothing is launching, so no
+    better slot at all: c3 -> SM 1 at 76, ends 76 + 75 = 151 (the same odd-tick phase as from 0).
+    (Counting the credit-waiting slot as usable at 77, the old rule, gave 77 + 38 + 9 = 124 <
+    151: hold, and c3 -> SM 0 at 77.)"""
     arch = hand_arch(launch_idle_cycles=launch_idle_cycles, n_sms=2)
     freq = np.zeros(arch.n_sm_slots)
     freq[:2] = (1980, 990)
     kernel = make_kernel("\n".join(["fma dep"] * 10), grid=4, threads=32, smem_bytes=SMEM_1_SLOT)
     r = reference.simulate(arch, kernel, clocks.from_array(arch, freq), dispatch="closed_loop",
                            ema_alpha=1.0, ema_prior_ns=50.0)
-    assert r["cta_sm"].tolist() == [0, 1, 0, 0]
-    assert r["cta_start_tick"].tolist() == [0, 0, 38, c3_start]
-    assert r["cta_end_tick"].tolist() == [38, 75, 76, c3_start + 38]
+    assert r["cta_sm"].tolist() == [0, 1, 0, c3_sm]
+    assert r["cta_start_tick"].tolist() == [0, 0, 38, 76]
+    assert r["cta_end_tick"].tolist() == [38, 75, 76, c3_end]

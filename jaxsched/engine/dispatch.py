@@ -158,15 +158,13 @@ def _takes_now(
 
 
 def _launching_tick(
-    slots: _Slots, launch: Launch, shapes: Shapes, usable_tick: Int[Array, "sm cta"], fresh: Bool[Array, "sm cta"],
-    tick: Int[Array, ""],
+    slots: _Slots, launch: Launch, shapes: Shapes, usable_tick: Int[Array, "sm cta"], tick: Int[Array, ""],
 ) -> Int[Array, "sm cta"]:
-    """When each free slot is expected to take a CTA, for the closed loop's hold (INF: usable
-    now, occupied or out of range): its usable tick while in its launch latency, else `tick + 1`
-    on an SM that lacks launch credit (section 9)."""
+    """When each free slot still in its launch latency becomes usable, for the closed loop's hold
+    (INF: usable now, occupied or out of range). A used slot waiting for launch credit does not
+    count: when its SM collects the credit depends on when its schedulers starve (section 9)."""
     free = _cta_slots(launch, shapes) & (slots.cta_id < 0)
-    waits_credit = (usable_tick <= tick) & ~can_launch(slots.credit, launch)[:, None] & ~fresh
-    return jnp.where(free & (usable_tick > tick), usable_tick, jnp.where(free & waits_credit, tick + 1, INF))
+    return jnp.where(free & (usable_tick > tick), usable_tick, INF)
 
 
 def _place_one(
@@ -187,7 +185,7 @@ def _place_one(
     local = slots.next_cta[head]
     takes = _takes_now(slots, usable, fresh, launch)
     room = jnp.sum(takes, axis=1, dtype=jnp.int32)
-    launching_tick = _launching_tick(slots, launch, shapes, usable_tick, fresh, tick)
+    launching_tick = _launching_tick(slots, launch, shapes, usable_tick, tick)
     score = jnp.where(room > 0, scores(slots, launch, room, est, tick), jnp.iinfo(jnp.int64).min)
     sm = jnp.argmax(score).astype(jnp.int32)
     hold = _hold_for_better_slots(slots, launch, launching_tick, est, sm, tick, launches.n_ctas[head] - local)
