@@ -193,3 +193,11 @@ def test_cta_trace_in_the_dataset(tmp_path):
     np.testing.assert_array_equal(got["cta_kernel"].values, np.repeat([0, 1, 2], 40))
     np.testing.assert_allclose(got["cta_end_ns"].values, np.asarray(direct.cta_end_ns)[:120])
     assert float(got["cta_end_ns"].max()) == float(got["makespan_ns"])
+
+
+@pytest.mark.parametrize("modes, expected", [(None, False), ('["off"]', False), ('["off", "lock"]', True)])
+def test_a_sweep_compiles_the_dvfs_step_in_when_any_configuration_has_dvfs(modes, expected):
+    """`uses_dvfs` decides `simulate_batch(dvfs_step=...)` for every chunk, so that a sweep whose
+    DVFS modes differ between chunks still compiles once."""
+    grid = '"policy.warp" = ["lrr", "gto"]\n' + (f'"dvfs.mode" = {modes}\n' if modes else "")
+    assert sweep.uses_dvfs(sweep.loads(tiny_sweep_spec("dvfs", 1, grid))) is expected
