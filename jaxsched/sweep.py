@@ -297,7 +297,7 @@ def _static_shapes(arch: Arch, kernel: Kernel):
     return dataclasses.replace(shapes_for(arch, kernel), max_ctas=0)
 
 
-def _dvfs_settings(sweep: Sweep, source: str):
+def _dvfs_settings(sweep: Sweep, source: str) -> Iterator[tuple[str, Callable[[], Dvfs]]]:
     """Each distinct `[dvfs]` setting of the sweep: (where, its Dvfs), built lazily so that a
     caller can catch its error."""
     swept = [p for p in list(sweep.grid) + [f.path for f in (sweep.design.factors if sweep.design else ())]
