@@ -119,7 +119,7 @@ def _exact_and_work(kernel: js.Kernel, clk: list, policies: list[str], starts: l
     runs = js.simulate_batch([ARCH] * n, [kernel] * n, all_clk, [1] * n,
                              [0, 0] + [js.DISPATCH_POLICIES.index(p) for _, p, _ in configs],
                              [0, 0] + [s for _, _, s in configs])
-    work = sg.launch.work_from_runs(_row(runs, 0), _row(runs, 1))
+    work = sg.launch.work_from_runs(_row(runs, 0), _row(runs, 1), float(ARCH.cta_launch_ns))
     return work, np.asarray(runs.makespan_ns)[2:]
 
 

@@ -164,7 +164,7 @@ def prepare(spec: DispatchSpec) -> Prepared:
     works, works_bound, works_sm = [], [], []
     for kernel in spec.kernels:
         runs = uniform_runs(spec.arch, kernel, spec.warp_policy)
-        works.append(work_from_runs(*runs))
+        works.append(work_from_runs(*runs, float(spec.arch.cta_launch_ns)))
         works_bound.append(bounds.work_from_uniform(*runs))
         works_sm.append(bounds.work_from_uniform(*runs, attribution="sm"))
     draw = lambda n, test: tuple(clock_map(spec.arch, spec.clocks, spec.map_seed(i, test)) for i in range(n))

@@ -66,10 +66,38 @@ def uniform_runs(arch: Arch, kernel: Kernel, warp_policy: str = "gto", dispatch_
     return first, second
 
 
-def work_from_runs(run_a: Result, run_b: Result) -> Work:
+def slot_occupancy_ticks(run: Result, launch_ns: float) -> np.ndarray:
+    """Per CTA (grid order), the ticks it holds its CTA slot: from its start, or for a refill
+    from the moment its slot became usable (the previous CTA's end plus the launch latency),
+    to its end. A refill that waits longer (for launch credit, docs/model.md section 9) thus
+    carries the wait, which no CTA's own start-to-end time shows. Refills are matched to the
+    frees of their SM in time order; the sum of the waits on an SM does not depend on that
+    matching. A CTA that finds no earlier free (a first fill) holds its slot from its start."""
+    sm = np.asarray(run.cta_sm)
+    start = np.asarray(run.cta_start_tick, np.float64)
+    end = np.asarray(run.cta_end_tick, np.float64)
+    launch_ticks = launch_ns * float(run.tick_mhz) / 1000.0
+    held_from = start.copy()
+    for s in np.unique(sm[sm >= 0]):
+        mine = np.flatnonzero(sm == s)
+        frees = np.sort(end[mine])
+        n_free = 0
+        for c in mine[np.argsort(start[mine], kind="stable")]:
+            # frees strictly before this start can have emptied its slot (a slot freed in a
+            # tick takes a new CTA at the earliest in that tick's dispatch: <= with no latency)
+            available = np.searchsorted(frees, start[c], side="right")
+            if n_free < available:
+                held_from[c] = min(start[c], frees[n_free] + launch_ticks)
+                n_free += 1
+    return end - held_from
+
+
+def work_from_runs(run_a: Result, run_b: Result, launch_ns: float) -> Work:
     """The surrogate's work model from two uniform runs at different clocks: per CTA, the slot
     occupancy `d = cycles * 1000 / f + ns` through both measurements (`bounds.work_from_uniform`
-    with slot attribution and a per-CTA split, except that `ns` may be negative).
+    with slot attribution and a per-CTA split, except that `ns` may be negative, and that a
+    refill's occupancy includes any wait beyond the launch latency `launch_ns`:
+    `slot_occupancy_ticks`).
 
     A freed slot idles for the launch latency while its SM's other CTAs run faster; the faster
     the clock, the larger that idle share and the shorter each CTA's occupancy, so occupancy
@@ -79,8 +107,7 @@ def work_from_runs(run_a: Result, run_b: Result) -> Work:
     """
     clipped = work_from_uniform(run_a, run_b)  # validates the runs, gives the mask and slots
     f_a, f_b = float(run_a.tick_mhz), float(run_b.tick_mhz)
-    d_a, d_b = ((np.asarray(r.cta_end_tick, np.float64) - np.asarray(r.cta_start_tick, np.float64)) * 1000.0 / f
-                for r, f in ((run_a, f_a), (run_b, f_b)))
+    d_a, d_b = (slot_occupancy_ticks(r, launch_ns) * 1000.0 / f for r, f in ((run_a, f_a), (run_b, f_b)))
     cycles = (d_a - d_b) / (1000.0 / f_a - 1000.0 / f_b)
     valid = np.asarray(clipped.valid)
     as_f32 = lambda x: jnp.asarray(np.where(valid, x, 0.0), jnp.float32)
@@ -90,7 +117,7 @@ def work_from_runs(run_a: Result, run_b: Result) -> Work:
 
 def measure_work(arch: Arch, kernel: Kernel, warp_policy: str = "gto", dispatch_start: int = 0) -> Work:
     """Per-CTA slot work of `kernel` for the surrogate (`work_from_runs` of `uniform_runs`)."""
-    return work_from_runs(*uniform_runs(arch, kernel, warp_policy, dispatch_start))
+    return work_from_runs(*uniform_runs(arch, kernel, warp_policy, dispatch_start), float(arch.cta_launch_ns))
 
 
 def stack_launches(launches: Sequence[SurrogateLaunch]) -> SurrogateLaunch:
