@@ -129,7 +129,7 @@ from . import __version__, archio, clocks, dvfs, freqmap, presets, tomldoc
 from . import sweep_design, sweep_paths
 from .arch import Arch
 from .engine import run as engine_run
-from .engine.run import Result, simulate_batch
+from .engine.run import Result, any_dvfs, simulate_batch
 from .engine.state import STALL_REASONS
 from .errors import JaxschedError, check
 from .dvfs import Dvfs, validate_dvfs
@@ -315,7 +315,7 @@ def _dvfs_settings(sweep: Sweep, source: str) -> Iterator[tuple[str, Callable[[]
 def uses_dvfs(sweep: Sweep) -> bool:
     """Whether any configuration runs DVFS: then every chunk compiles the DVFS step, so that the
     sweep compiles once (`simulate_batch`'s `dvfs_step`)."""
-    return any(int(make().mode) != dvfs.MODES.index("off") for _, make in _dvfs_settings(sweep, "sweep"))
+    return any(any_dvfs(make()) for _, make in _dvfs_settings(sweep, "sweep"))
 
 
 def _check_dvfs(sweep: Sweep, source: str) -> None:

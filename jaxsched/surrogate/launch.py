@@ -83,8 +83,8 @@ def slot_occupancy_ticks(run: Result, launch_ns: float) -> np.ndarray:
         frees = np.sort(end[mine])
         n_free = 0
         for c in mine[np.argsort(start[mine], kind="stable")]:
-            # frees strictly before this start can have emptied its slot (a slot freed in a
-            # tick takes a new CTA at the earliest in that tick's dispatch: <= with no latency)
+            # frees at or before this start can have emptied its slot (with no launch latency a
+            # slot freed in a tick takes its next CTA in the same tick's dispatch)
             available = np.searchsorted(frees, start[c], side="right")
             if n_free < available:
                 held_from[c] = min(start[c], frees[n_free] + launch_ticks)
