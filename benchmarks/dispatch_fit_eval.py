@@ -5,18 +5,14 @@ Fits the `weighted` family (`w_s = (f_s / mean f)^gamma`) and the `closed_loop` 
 policy with `js.simulate_batch` on `--test-maps` *other* chips (other seeds) and prints, per
 kernel, the mean and worst gap of each policy's makespan to each reference:
 
-- `fluid`: `bounds.fluid_ns` of the slot work model (docs/bounds.md), the issue's fluid lower
-  bound: per-CTA slot occupancy, measured on uniform chips at two clocks;
-- `fluid+L`: the same LP with the engine's CTA launch latency `L` (a freed slot waits `L` before
-  its next CTA, docs/model.md section 9) added to every CTA, minus one `L` (a slot's last CTA is
-  not followed by a wait): `max(fluid(work + L) - L, fluid(work))`. Still a bound of the slot
-  model, which the default bound is not aware of; it keeps the first wave's short occupancies;
+- `fluid`: the fluid lower bound, the larger of the two below (the issue's reference);
+- `fluid_slot`: `bounds.fluid_ns` of the slot work model (docs/bounds.md): per-CTA slot
+  occupancy, measured on uniform chips at two clocks;
+- `fluid_issue`: `issue_bound.issue_ns` (docs/bounds.md section 7): the launch's instructions,
+  plus the starved scheduler-cycles its refills must collect as launch credit, over the chip's
+  scheduler-cycles per ns;
 - `fluid_sm`: `bounds.fluid_ns` of the SM-attributed work (each SM's busy time split among its
   resident CTAs, one server per SM): tighter, *not strict* (it carries the uniform run's tail);
-- `fluid_ss+L`: `fluid+L` with each first-wave CTA's occupancy replaced by its steady-state one
-  (its work times the median occupancy per unit of work of the later CTAs, at both clocks): under
-  GTO the first wave's CTAs finish staggered and occupy their slots ~30 % less long, which the
-  SM pays back in its tail. *Not strict* (a reference for "no first-wave credit");
 - `uniform`: the exact engine on a uniform chip at the map's mean clock (what perfect balancing
   would give, the kernel's own tail included): a reference, not a bound;
 - `clairvoyant`: `bounds.clairvoyant_ns` of the slot work model (an upper bound on the slot
@@ -41,15 +37,13 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 import jaxsched as js
-from jaxsched import bounds, trace
-from jaxsched.surrogate import dispatch_fit, dispatch_spec, launch
+from jaxsched.surrogate import dispatch_fit, dispatch_spec
 
 ROOT = Path(__file__).resolve().parent.parent
-REFERENCES = ("fluid", "fluid+L", "fluid_ss+L", "fluid_sm", "uniform", "clairvoyant")
+REFERENCES = ("fluid", "fluid_slot", "fluid_issue", "fluid_sm", "uniform", "clairvoyant")
 
 
 def _say(message: str) -> None:
@@ -70,34 +64,10 @@ def _spec_text(args) -> str:
             f'temperature = {args.temperature}\nper_chip = false\n')
 
 
-def _steady_state_work(spec, kernel: js.Kernel) -> bounds.Work:
-    """Slot work with first-wave occupancies replaced by steady-state ones (module doc)."""
-    runs = launch.uniform_runs(spec.arch, kernel, spec.warp_policy)
-    occupancy = []
-    for run in runs:
-        work = trace.cta_work(spec.arch, kernel, js.clocks.uniform(spec.arch, float(run.tick_mhz) / 1000.0))
-        ticks = np.asarray(run.cta_end_tick, np.float64) - np.asarray(run.cta_start_tick, np.float64)
-        d = ticks * 1000.0 / float(run.tick_mhz)
-        first = np.asarray(run.cta_start_tick) == 0
-        occupancy.append(np.where(first, work * np.median(d[~first] / work[~first]), d))
-    (d_a, d_b), (f_a, f_b) = occupancy, (float(r.tick_mhz) for r in runs)
-    cycles = np.clip((d_a - d_b) / (1000.0 / f_a - 1000.0 / f_b), 0.0, d_a * f_a / 1000.0)
-    reference = bounds.work_from_uniform(*runs)
-    return bounds.Work(cycles=jnp.asarray(cycles, jnp.float32), ns=jnp.asarray(d_a - cycles * 1000.0 / f_a, jnp.float32),
-                       valid=reference.valid, slots_per_sm=reference.slots_per_sm)
-
-
-def _fluid_with_latency(work: bounds.Work, clk, latency_ns: float) -> float:
-    """The fluid bound when a slot waits `L` between its CTAs (`bounds.fluid_ns`'s `launch_ns`)."""
-    return float(bounds.fluid_ns(work, jnp.asarray(clk.sm_freq_mhz), latency_ns))
-
-
-def _table(ds, spec, kernel: str, extra: dict[str, np.ndarray]) -> tuple[list[str], dict]:
-    refs = {"fluid": ds["fluid_ns"].sel(kernel=kernel).values, "fluid+L": extra["fluid+L"],
-            "fluid_ss+L": extra["fluid_ss+L"],
-            "fluid_sm": ds["fluid_sm_ns"].sel(kernel=kernel).values,
-            "uniform": ds["uniform_equivalent_ns"].sel(kernel=kernel).values,
-            "clairvoyant": ds["clairvoyant_ns"].sel(kernel=kernel).values}
+def _table(ds, kernel: str) -> tuple[list[str], dict]:
+    variable = {"fluid": "fluid_ns", "fluid_slot": "fluid_slot_ns", "fluid_issue": "fluid_issue_ns",
+                "fluid_sm": "fluid_sm_ns", "uniform": "uniform_equivalent_ns", "clairvoyant": "clairvoyant_ns"}
+    refs = {r: ds[variable[r]].sel(kernel=kernel).values for r in REFERENCES}
     rows, out = [], {}
     head = "| policy | " + " | ".join(f"{r}: mean / worst" for r in REFERENCES) + " |"
     rows += [head, "|" + "---|" * (len(REFERENCES) + 1)]
@@ -155,11 +125,8 @@ def main() -> None:
               "loss_first_last": {fam: [float(r.loss[0].mean()), float(r.loss[-1].mean())] for fam, r in fits.items()},
               "seconds": {"work": t_prep, "fit": t_fit, "engine_evaluation": t_eval}, "kernels": {}}
     lines = []
-    for ki, kernel in enumerate(spec.kernels):
-        steady = _steady_state_work(spec, kernel)
-        extra = {"fluid+L": np.array([_fluid_with_latency(prep.works_bound[ki], c, latency_ns) for c in prep.test_clocks]),
-                 "fluid_ss+L": np.array([_fluid_with_latency(steady, c, latency_ns) for c in prep.test_clocks])}
-        rows, gaps = _table(ds, spec, kernel.name, extra)
+    for kernel in spec.kernels:
+        rows, gaps = _table(ds, kernel.name)
         surrogate_err = np.abs(ds["surrogate_ns"].sel(kernel=kernel.name) / ds["makespan_ns"].sel(kernel=kernel.name) - 1)
         report["kernels"][kernel.name] = {
             "grid": int(kernel.grid_ctas), "gaps": gaps,

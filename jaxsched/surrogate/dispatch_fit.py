@@ -12,8 +12,8 @@ serves chips it was not fitted on:
   `s` is `exp(b) d (mean f / f_s)^gamma`, a static frequency-aware estimate that the tail hold
   can use before any CTA has completed.
 
-`fit` minimises the mean of `surrogate makespan / fluid bound` (`bounds.fluid_ns`, a constant
-per configuration) over the training configurations (clock maps x kernels), all in one `vmap`,
+`fit` minimises the mean of `surrogate makespan / fluid bound` (the larger of `bounds.fluid_ns`
+and `issue_bound.issue_ns`, a constant per configuration) over the training configurations (clock maps x kernels), all in one `vmap`,
 with Adam. With `per_chip`, every training chip gets its own `theta` and its own fit, still in one
 call (the loss is a sum of per-chip losses, Adam is per parameter). `evaluate` runs the learned
 and the reference policies in the exact engine on other clock maps.

@@ -40,6 +40,7 @@ from .. import archio, bounds, clocks, presets, tomldoc
 from ..arch import Arch
 from ..engine.run import simulate_batch
 from ..errors import check
+from ..issue_bound import IssueDemand, issue_demand, issue_ns
 from ..kernel import Kernel, kernel_from_dict
 from ..lower import DISPATCH_POLICIES, WARP_POLICIES
 from ..sweep import clock_map
@@ -149,11 +150,12 @@ def load(path: str | Path) -> DispatchSpec:
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
-    """Per kernel: the surrogate's work, the fluid bound's slot work and the SM-attributed work
-    (a tighter fluid bound); per map: the clocks."""
+    """Per kernel: the surrogate's work, the fluid bound's slot work and issue demand, and the
+    SM-attributed work (a tighter fluid bound, not strict); per map: the clocks."""
 
     works: tuple[bounds.Work, ...]
     works_bound: tuple[bounds.Work, ...]
+    demands: tuple[IssueDemand, ...]
     works_sm: tuple[bounds.Work, ...]
     train_clocks: tuple[clocks.Clocks, ...]
     test_clocks: tuple[clocks.Clocks, ...]
@@ -161,15 +163,23 @@ class Prepared:
 
 def prepare(spec: DispatchSpec) -> Prepared:
     """Measure every kernel's work (two exact uniform-chip runs each) and draw the clock maps."""
-    works, works_bound, works_sm = [], [], []
+    works, works_bound, demands, works_sm = [], [], [], []
     for kernel in spec.kernels:
         runs = uniform_runs(spec.arch, kernel, spec.warp_policy)
         works.append(work_from_runs(*runs, float(spec.arch.cta_launch_ns)))
         works_bound.append(bounds.work_from_uniform(*runs))
+        demands.append(issue_demand(runs[0], spec.arch, kernel))
         works_sm.append(bounds.work_from_uniform(*runs, attribution="sm"))
     draw = lambda n, test: tuple(clock_map(spec.arch, spec.clocks, spec.map_seed(i, test)) for i in range(n))
-    return Prepared(tuple(works), tuple(works_bound), tuple(works_sm), draw(spec.clocks["train_maps"], False),
-                    draw(spec.clocks["test_maps"], True))
+    return Prepared(tuple(works), tuple(works_bound), tuple(demands), tuple(works_sm),
+                    draw(spec.clocks["train_maps"], False), draw(spec.clocks["test_maps"], True))
+
+
+def fluid_parts_ns(work: bounds.Work, demand: IssueDemand, sm_freq_mhz: np.ndarray) -> tuple[float, float]:
+    """The two fluid lower bounds of a launch on a chip: slot occupancy (`bounds.fluid_ns`) and
+    issue slots with launch credit (`issue_bound.issue_ns`); the fluid lower bound is the larger."""
+    f = jnp.asarray(sm_freq_mhz)
+    return float(bounds.fluid_ns(work, f)), float(issue_ns(demand, f))
 
 
 def _mhz(clk: clocks.Clocks) -> np.ndarray:
@@ -180,9 +190,9 @@ def problem(spec: DispatchSpec, prep: Prepared) -> tuple[df.Problem, int]:
     """The training configurations (train maps x kernels, map-major) and the slot width."""
     launches, fluid, group = [], [], []
     for i, clk in enumerate(prep.train_clocks):
-        for kernel, work, work_bound in zip(spec.kernels, prep.works, prep.works_bound):
+        for kernel, work, work_bound, demand in zip(spec.kernels, prep.works, prep.works_bound, prep.demands):
             launches.append(make_launch(spec.arch, kernel, _mhz(clk), work))
-            fluid.append(float(bounds.fluid_ns(work_bound, jnp.asarray(_mhz(clk)))))
+            fluid.append(max(fluid_parts_ns(work_bound, demand, _mhz(clk))))
             group.append(i)
     stacked = stack_launches(launches)
     return (df.Problem(launch=stacked, fluid_ns=jnp.asarray(fluid, jnp.float32), group=jnp.asarray(group, jnp.int32)),
@@ -220,18 +230,18 @@ def evaluate(spec: DispatchSpec, prep: Prepared, fits: dict[str, df.FitResult], 
     n_k, n_m, n_p = len(spec.kernels), len(maps), len(labels)
     shape = (n_k, n_m, n_p)
     makespan, predicted = np.full(shape, np.nan), np.full(shape, np.nan)
-    fluid, fluid_sm, clair, uniform_eq = (np.full((n_k, n_m), np.nan) for _ in range(4))
+    fluid_slot, fluid_issue, fluid_sm, clair, uniform_eq = (np.full((n_k, n_m), np.nan) for _ in range(5))
     wp = WARP_POLICIES.index(spec.warp_policy)
-    for ki, (kernel, work, work_bound, work_sm) in enumerate(zip(spec.kernels, prep.works, prep.works_bound,
-                                                                  prep.works_sm)):
+    for ki, (kernel, work, work_bound, demand, work_sm) in enumerate(
+            zip(spec.kernels, prep.works, prep.works_bound, prep.demands, prep.works_sm)):
         if progress:
             progress(f"exact engine: {kernel.name}, {n_m} maps x {n_p} policies + uniform-equivalent chips")
         configs, kwargs = [], []
         for mi, clk in enumerate(maps):
             launch = make_launch(spec.arch, kernel, _mhz(clk), work)
             d = float(df.mean_occupancy_ns(launch))
-            ref = bounds.bounds(work_bound, jnp.asarray(_mhz(clk)))
-            fluid[ki, mi], clair[ki, mi] = float(ref.fluid_ns), float(ref.clairvoyant_ns)
+            fluid_slot[ki, mi], fluid_issue[ki, mi] = fluid_parts_ns(work_bound, demand, _mhz(clk))
+            clair[ki, mi] = float(bounds.clairvoyant_ns(work_bound, jnp.asarray(_mhz(clk))))
             fluid_sm[ki, mi] = float(bounds.fluid_ns(work_sm, jnp.asarray(_mhz(clk))))
             for pi, label in enumerate(labels):
                 if label in REFERENCE_POLICIES:
@@ -266,7 +276,11 @@ def evaluate(spec: DispatchSpec, prep: Prepared, fits: dict[str, df.FitResult], 
         {
             "makespan_ns": (dims3, *ns(makespan, "exact-engine makespan")),
             "surrogate_ns": (dims3, *ns(predicted, "hard surrogate's makespan")),
-            "fluid_ns": (dims2, *ns(fluid, "fluid lower bound (slot work, bounds.fluid_ns)")),
+            "fluid_ns": (dims2, *ns(np.maximum(fluid_slot, fluid_issue),
+                                    "fluid lower bound (the larger of fluid_slot_ns and fluid_issue_ns)")),
+            "fluid_slot_ns": (dims2, *ns(fluid_slot, "fluid bound on slot occupancy (bounds.fluid_ns)")),
+            "fluid_issue_ns": (dims2, *ns(fluid_issue, "fluid bound on issue slots and launch credit "
+                                                       "(issue_bound.issue_ns)")),
             "fluid_sm_ns": (dims2, *ns(fluid_sm, "fluid bound on SM-attributed work (tighter, not strict)")),
             "clairvoyant_ns": (dims2, *ns(clair, "clairvoyant earliest-finish schedule (slot work)")),
             "uniform_equivalent_ns": (dims2, *ns(uniform_eq, "exact engine on a uniform chip at the map's mean clock")),
