@@ -5,7 +5,10 @@ earliest-finish schedule (`jaxsched.bounds`), markdown tables (stdout) and a fig
 The oracles need each kernel's per-CTA work: it is measured here with two runs of the kernel
 on a uniform chip (1980 and 1188 MHz, work split into clock-scaled cycles and fixed ns), then
 evaluated on every configuration's clock map, with the architecture's CTA launch latency
-between a slot's CTAs (`bounds.fluid_ns`'s `launch_ns`).
+between a slot's CTAs (`bounds.fluid_ns`'s `launch_ns`). The fluid lower bound is the larger
+of that slot bound and the issue-slot bound (`issue_bound.issue_ns`: the kernel's instructions
+and the launch credit its refills need, over the schedulers' issue cycles; docs/bounds.md
+section 7), whose demand is counted from the first uniform run.
 
     python benchmarks/die_scaling_report.py OUT|reduced.nc [--png docs/img/die_scaling.png]
 """
@@ -13,27 +16,30 @@ between a slot's CTAs (`bounds.fluid_ns`'s `launch_ns`).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import xarray as xr  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import xarray as xr
 
-import jaxsched as js  # noqa: E402
-from jaxsched import bounds, sweep  # noqa: E402
+import jaxsched as js
+from jaxsched import bounds, issue_bound, sweep
 
 SPEC = Path(__file__).resolve().parent.parent / "sweeps" / "die_scaling.toml"
 
 
 def oracle_bounds(ds, arch: js.Arch, kernel: js.Kernel, variant: str) -> bounds.Bounds:
-    """Fluid bound and clairvoyant schedules (ns) of every configuration of `variant`
+    """Fluid lower bound and clairvoyant schedules (ns) of every configuration of `variant`
     [dispatch, sigma, replicate]."""
     runs = [js.simulate(arch, kernel, js.clocks.uniform(arch, ghz)) for ghz in (1.98, 1.188)]
     work = bounds.work_from_uniform(*runs)
+    demand = issue_bound.issue_demand(runs[0], arch, kernel)
     mhz = np.asarray(ds.sm_freq_mhz.sel(kernel_variant=variant), dtype=np.float32)
     full = np.zeros(mhz.shape[:-1] + (arch.n_sm_slots,), np.float32)
     full[..., : mhz.shape[-1]] = mhz  # enabled SMs are the first slots
@@ -41,6 +47,7 @@ def oracle_bounds(ds, arch: js.Arch, kernel: js.Kernel, variant: str) -> bounds.
     launch_ns = float(arch.cta_launch_ns)  # a freed slot's next CTA starts this much later
     # lax.map in batches: one vmap over every map would hold CTAs x SMs per map at once (30 GB)
     out = jax.jit(lambda fs: jax.lax.map(lambda f: bounds.bounds(work, f, launch_ns), fs, batch_size=64))(flat)
+    out = dataclasses.replace(out, fluid_ns=jnp.maximum(out.fluid_ns, jax.vmap(issue_bound.issue_ns, (None, 0))(demand, flat)))
     return jax.tree.map(lambda b: np.asarray(b).reshape(mhz.shape[:-1]), out)
 
 
@@ -87,7 +94,7 @@ def main() -> None:
             ax.plot(sigmas, med / 1000, marker="o", label=policy)
             lo, hi = np.percentile(make[i], [25, 75], axis=-1)
             ax.fill_between(sigmas, lo / 1000, hi / 1000, alpha=0.15)
-        ax.plot(sigmas, np.median(fluid, axis=(0, -1)) / 1000, "k--", label="fluid bound")
+        ax.plot(sigmas, np.median(fluid, axis=(0, -1)) / 1000, "k--", label="fluid lower bound")
         ax.set_title(variant)
         ax.set_xlabel("per-SM clock spread σ")
         ax.set_ylabel("makespan (µs), median and IQR")
