@@ -13,7 +13,7 @@ import jaxsched as js
 from jaxsched import issue_bound
 from jaxsched.lower import DISPATCH_POLICIES
 
-N_RANDOM = 12
+N_RANDOM = 8
 ISSUE_BOUND = "loop 64\n fma dep\nend"  # 16 warps per scheduler of dependent FMAs: issue-bound
 
 
