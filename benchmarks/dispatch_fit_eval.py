@@ -50,12 +50,13 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _spec_text(args) -> str:
+def _spec_text(args, wave_ctas: int) -> str:
+    """The spec: per `--waves` and `--spreads`, a kernel of `waves * wave_ctas` CTAs."""
     kernels = []
     for waves in args.waves:
         for spread in args.spreads:
             body = f"loop {args.loop}" + (f" cta_spread={spread}" if spread else "") + "\\n fma dep\\nend"
-            kernels.append(f'[[kernels]]\nname = "fma{args.loop}_spread{spread}_{waves}wave"\ngrid = {waves * 64}\n'
+            kernels.append(f'[[kernels]]\nname = "fma{args.loop}_spread{spread}_{waves}wave"\ngrid = {waves * wave_ctas}\n'
                            f'threads = 256\nregs = 32\nprogram = "{body}"\n')
     return (f'title = "issue 7 dispatch-fit acceptance"\narch = "{args.arch}"\nwarp_policy = "gto"\nseed = {args.seed}\n'
             f'families = ["weighted", "closed_loop"]\n' + "\n".join(kernels) +
@@ -98,7 +99,9 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="folder for dispatch.nc and dispatch.png")
     args = parser.parse_args()
 
-    spec = dispatch_spec.loads(_spec_text(args), base_dir=ROOT, source="dispatch_fit_eval")
+    one_wave = dispatch_spec.loads(_spec_text(args, 1), base_dir=ROOT, source="dispatch_fit_eval")
+    wave_ctas = js.resident_grid(one_wave.arch, one_wave.kernels[0])  # CTAs resident at once
+    spec = dispatch_spec.loads(_spec_text(args, wave_ctas), base_dir=ROOT, source="dispatch_fit_eval")
     t0 = time.perf_counter()
     _say(f"measuring work: {len(spec.kernels)} kernels, two uniform-chip runs each")
     prep = dispatch_spec.prepare(spec)
