@@ -6,8 +6,8 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -135,6 +135,7 @@ def _load_run_input(path: str):
 @_command
 def cmd_run(args: argparse.Namespace) -> int:
     from .engine.run import simulate  # imported here: `jaxsched occupancy` stays light
+    from .issue_bound import issue_demand, issue_ns
     from .workload import Workload
 
     arch = load_arch(args.arch)
@@ -155,6 +156,8 @@ def cmd_run(args: argparse.Namespace) -> int:
          "end_ns": round(float(result.kernel_end_ns[l]), 3)}
         for l, k in enumerate(kernels)
     ]
+    # One launch: how far the run is from its schedulers' issue capacity (docs/bounds.md section 7).
+    issue_bound = None if is_workload else float(issue_ns(issue_demand(result, arch, item), clk.sm_freq_mhz))
     summary = {
         "arch": arch.name,
         "kernel": name,
@@ -165,6 +168,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "makespan_ns": float(result.makespan_ns),
         "makespan_cycles": float(result.makespan_cycles),
         "makespan_ticks": int(result.makespan_ticks),
+        "issue_bound_ns": issue_bound,
         "ctas": n,
         "launches": launches,
         "ctas_per_sm": np.asarray(result.sm_ctas)[enabled].tolist(),
@@ -195,6 +199,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         for l, row in enumerate(launches):
             print(f"    {l:3d} stream {row['stream']:<3d} {row['kernel'][:24]:24s} {row['ctas']:6d} CTAs  "
                   f"{row['ready_ns']:12.1f} {row['start_ns']:12.1f} {row['end_ns']:12.1f}")
+    if issue_bound is not None:
+        above = 100 * (summary["makespan_ns"] / issue_bound - 1)
+        print(f"  issue-slot bound  : {issue_bound:.1f} ns, makespan {above:+.1f}% (issue cycles and launch credit)")
     print(f"  CTAs              : {n}, per SM {counts.min()}..{counts.max()}")
     print(f"  instructions      : {summary['issued_instructions']}, IPC/SM {summary['ipc_per_sm_mean']:.2f}, "
           f"achieved occupancy {100 * summary['achieved_occupancy_mean']:.1f}%, "

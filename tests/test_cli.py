@@ -189,6 +189,9 @@ def test_run_json(capsys):
     assert doc["makespan_cycles"] == pytest.approx(doc["makespan_ns"] * 1.98, rel=1e-6)
     # 64 dependent FMAs per warp, 16 warps per scheduler: at least 64 x 16 issue cycles
     assert doc["makespan_cycles"] >= 64 * 16
+    # one wave, no refills: the issue-slot bound is the instructions over 132 x 4 schedulers
+    assert doc["issue_bound_ns"] == pytest.approx(doc["issued_instructions"] / (132 * 4 * 1.98), rel=1e-6)
+    assert doc["issue_bound_ns"] <= doc["makespan_ns"]
     counts = doc["ctas_per_sm"]
     assert len(counts) == 132 and sum(counts) == grid
     assert counts == [8] * 132  # one full wave: 8 CTAs of 256 threads per SM
