@@ -7,8 +7,11 @@ scheduling. Clock maps: independent Gaussian per-SM clocks, mean 1.8 GHz, sigma 
 of hardware, round_robin and closed_loop dispatch, and the fluid bound and clairvoyant schedules
 (jaxsched/bounds.py) of the two-part work model measured from uniform runs at 1980 and 1386 MHz,
 with both work attributions: "slot" (per-CTA split; a strict bound in every measurement so far)
-and "sm" (per-kernel split; tighter, not strict). See docs/bounds.md. Everything runs in one
-`simulate_batch` call (about 15 s on an H200; tens of minutes on a 2-core CPU).
+and "sm" (per-kernel split; tighter, not strict), and the issue-slot bound
+(jaxsched/issue_bound.py: instructions and launch credit over the schedulers' issue cycles;
+`gap_lower` is the gap to the larger of it and the slot fluid bound). See docs/bounds.md.
+Everything runs in one `simulate_batch` call (about 15 s on an H200; tens of minutes on a
+2-core CPU).
 
     python benchmarks/bounds_gap.py [--maps 3] [--program mixed|compute] [--warp-policy gto] > gaps.json
 """
@@ -23,7 +26,7 @@ import jax
 import numpy as np
 
 import jaxsched as js
-from jaxsched import bounds
+from jaxsched import bounds, issue_bound
 
 PROGRAMS = {
     "mixed": "loop 4 cta_spread=2\n ldg bytes=128\n fma\n fma dep\n fma dep\n fma dep\nend",
@@ -62,6 +65,7 @@ def main() -> None:
 
     works = {name: bounds.work_from_uniform(_row(runs, 0), _row(runs, 1), **model)
              for name, model in WORK_MODELS.items()}
+    demand = issue_bound.issue_demand(_row(runs, 0), arch, kernel)
     rows = []
     for m, (sigma, seed, clk) in enumerate(maps):
         makespan = {p: float(runs.makespan_ns[2 + 3 * m + j]) for j, p in enumerate(POLICIES)}
@@ -74,13 +78,20 @@ def main() -> None:
             gap = bounds.gaps(ms, ref)
             row[f"bounds_{a}_ns"] = {k: float(v) for k, v in vars(ref).items()}
             row[f"gap_{a}"] = {k: dict(zip(POLICIES, np.round(np.asarray(v), 4).tolist())) for k, v in vars(gap).items()}
+        issue = float(issue_bound.issue_ns(demand, clk.sm_freq_mhz))
+        lower = max(issue, row["bounds_slot_ns"]["fluid_ns"])
+        row["bounds_issue_ns"], row["bounds_lower_ns"] = issue, lower
+        row["gap_issue"] = dict(zip(POLICIES, np.round(ms / issue - 1, 4).tolist()))
+        row["gap_lower"] = dict(zip(POLICIES, np.round(ms / lower - 1, 4).tolist()))
         rows.append(row)
     summary = {}
     for sigma in SIGMAS:
         sel = [r for r in rows if r["sigma"] == sigma]
         summary[str(sigma)] = {
             f"mean_gap_{a}_{b}": {p: round(float(np.mean([r[f"gap_{a}"][b][p] for r in sel])), 4) for p in POLICIES}
-            for a in WORK_MODELS for b in ("fluid_ns", "clairvoyant_ns", "clairvoyant_lpt_ns")}
+            for a in WORK_MODELS for b in ("fluid_ns", "clairvoyant_ns", "clairvoyant_lpt_ns")} | {
+            f"mean_gap_{b}": {p: round(float(np.mean([r[f"gap_{b}"][p] for r in sel])), 4) for p in POLICIES}
+            for b in ("issue", "lower")}
     print(json.dumps({
         "arch": arch.name, "program": args.program, "grid_ctas": int(kernel.grid_ctas), "warp_policy": args.warp_policy,
         "work_mhz": WORK_MHZ, "work_models": WORK_MODELS, "configurations": n, "simulate_wall_s": round(wall_s, 1),
