@@ -13,8 +13,8 @@ serves chips it was not fitted on:
   can use before any CTA has completed.
 
 `fit` minimises the mean of `surrogate makespan / fluid bound` (the larger of `bounds.fluid_ns`
-and `issue_bound.issue_ns`, a constant per configuration) over the training configurations (clock maps x kernels), all in one `vmap`,
-with Adam. With `per_chip`, every training chip gets its own `theta` and its own fit, still in one
+and `issue_bound.issue_ns`, a constant per configuration) over the training configurations
+(clock maps x kernels), all in one `vmap`, with Adam. With `per_chip`, every training chip gets its own `theta` and its own fit, still in one
 call (the loss is a sum of per-chip losses, Adam is per parameter). `evaluate` runs the learned
 and the reference policies in the exact engine on other clock maps.
 """
