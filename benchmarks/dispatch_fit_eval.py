@@ -3,7 +3,8 @@
 Fits the `weighted` family (`w_s = (f_s / mean f)^gamma`) and the `closed_loop` family
 (`ema_alpha`, `ema_prior_ns`) through the soft surrogate on `--train-maps` chips, then runs every
 policy with `js.simulate_batch` on `--test-maps` *other* chips (other seeds) and prints, per
-kernel, the mean and worst gap of each policy's makespan to each reference:
+kernel, the mean and worst gap of each policy's makespan to each reference, and each policy's mean
+makespan change against hardware dispatch on the same chips (`against_hardware`):
 
 - `fluid`: the fluid lower bound, the larger of the two below (the issue's reference);
 - `fluid_slot`: `bounds.fluid_ns` of the slot work model (docs/bounds.md): per-CTA slot
@@ -48,6 +49,15 @@ REFERENCES = ("fluid", "fluid_slot", "fluid_issue", "fluid_sm", "uniform", "clai
 
 def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
+
+
+def _against_hardware(ds, kernel: str) -> dict:
+    """Per policy, over the held-out chips: the mean of `makespan / hardware makespan - 1` on the
+    same chip, and the share of chips where the policy is faster than hardware dispatch."""
+    m = ds["makespan_ns"].sel(kernel=kernel)
+    change = m / m.sel(policy="hardware") - 1
+    return {str(p): {"mean_change": float(change.sel(policy=p).mean()),
+                     "faster_share": float((change.sel(policy=p) < 0).mean())} for p in ds["policy"].values}
 
 
 def _spec_text(args, wave_ctas: int) -> str:
@@ -131,11 +141,14 @@ def main() -> None:
     for kernel in spec.kernels:
         rows, gaps = _table(ds, kernel.name)
         surrogate_err = np.abs(ds["surrogate_ns"].sel(kernel=kernel.name) / ds["makespan_ns"].sel(kernel=kernel.name) - 1)
+        against = _against_hardware(ds, kernel.name)
         report["kernels"][kernel.name] = {
-            "grid": int(kernel.grid_ctas), "gaps": gaps,
+            "grid": int(kernel.grid_ctas), "gaps": gaps, "against_hardware": against,
             "hard_surrogate_mean_abs_error": {str(p): float(surrogate_err.sel(policy=p).mean()) for p in ds["policy"].values}}
         title = f"\n{kernel.name} (grid {int(kernel.grid_ctas)}; makespan / reference - 1, {args.test_maps} held-out chips)"
-        lines += [title, *rows]
+        vs = ", ".join(f"{p} {100 * a['mean_change']:+.2f} % ({100 * a['faster_share']:.0f} % of chips faster)"
+                       for p, a in against.items() if p != "hardware")
+        lines += [title, *rows, f"against hardware dispatch: {vs}"]
     print("\n".join(lines), file=sys.stderr)
     if args.out:
         out = Path(args.out)
