@@ -9,13 +9,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..isa import Op
 from ..lower import QUEUE_ONE_TICK, Launch, Shapes
+from .materialize import once
 from .launch_credit import collect, has_free_slot, starved_schedulers
-from .launches import Launches, per_launch_sum, update_ready, warp_program
+from .launches import Launches, instruction_fields, per_launch_sum, update_ready, warp_program
 from .state import N_PIPES, State
 from .status import INF, SELECTED, WarpStatus, count_reasons, per_warp, warp_status
 from .variation import resolve_pc
@@ -50,16 +52,17 @@ def select(
     return sel.reshape(-1, shapes.warp_slots), has, q_sel
 
 
-def _per_scheduler(x: Array, sel: Array, shapes: Shapes) -> Array:
-    """Sum over each scheduler's warps of `x` where selected: [sm, warp] -> [sm, sched]."""
-    return jnp.sum(jnp.where(sel, x, 0).reshape(-1, shapes.warps_per_scheduler, shapes.schedulers), axis=1, dtype=jnp.int32)
+def _of_selected(x: Array, q_sel: Int[Array, "sm sched"], shapes: Shapes) -> Array:
+    """The selected warp's value of a per-slot array, per scheduler: [sm, warp] -> [sm, sched]
+    (a scheduler without an issue reads its slot q = 0; callers mask by `has`)."""
+    grouped = x.reshape(-1, shapes.warps_per_scheduler, shapes.schedulers)
+    return jnp.take_along_axis(grouped, q_sel[:, None, :], axis=1)[:, 0, :]
 
 
-def _per_cta(x: Array, launch: Launch, shapes: Shapes) -> Array:
-    """Sum of `x` [sm, warp] over each CTA slot's warps (slots j*W .. j*W+W-1): [sm, cta]."""
-    cta_of_warp = jnp.minimum(jnp.arange(shapes.warp_slots, dtype=jnp.int32) // launch.warps_per_cta,
-                              shapes.cta_slots - 1)
-    return jnp.zeros((x.shape[0], shapes.cta_slots), x.dtype).at[:, cta_of_warp].add(x)
+def _per_cta(x: Int[Array, "sm sched"], cta_of_sel: Int[Array, "sm sched"], shapes: Shapes) -> Int[Array, "sm cta"]:
+    """Sum of a per-scheduler count over the CTA slots its selected warps belong to."""
+    hit = cta_of_sel[..., None] == jnp.arange(shapes.cta_slots, dtype=jnp.int32)
+    return jnp.sum(jnp.where(hit, x[..., None], 0), axis=1, dtype=jnp.int32)
 
 
 def _count_ops(sel_op: Int[Array, "sm sched"], has: Bool[Array, "sm sched"]) -> Int[Array, "sm op"]:
@@ -68,12 +71,13 @@ def _count_ops(sel_op: Int[Array, "sm sched"], has: Bool[Array, "sm sched"]) -> 
     return jnp.sum(hit, axis=1, dtype=jnp.int64)
 
 
-def _take_work_items(state: State, launch: Launch, shapes: Shapes, want: Bool[Array, "sm warp"]) -> Bool[Array, "sm warp"]:
-    """Which warps at a persistent loop's back-edge get the next work item: takes are ordered
-    (SM, scheduler), each scheduler issuing at most one, until the queue is empty (section 7)."""
-    count = _per_scheduler(want.astype(jnp.int32), want, shapes)
+def _take_work_items(state: State, launch: Launch, want: Bool[Array, "sm sched"]) -> Bool[Array, "sm sched"]:
+    """Which selected warps at a persistent loop's back-edge get the next work item: takes are
+    ordered (SM, scheduler), each scheduler issuing at most one, until the queue is empty
+    (section 7)."""
+    count = want.astype(jnp.int32)
     before = _prefix_sum_sm_sched(count) - count
-    return want & (per_warp(before, shapes) < launch.work_items - state.items_taken)
+    return want & (before < launch.work_items - state.items_taken)
 
 
 def _prefix_sum_sm_sched(x: Int[Array, "sm sched"]) -> Int[Array, "sm sched"]:
@@ -108,85 +112,94 @@ def _learn_cta_durations(
 def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -> State:
     """Execute the SM cycles of tick `state.tick` (section 7), complete CTAs and launches, and
     learn which launches became ready (section 13); no dispatch. `launches`: the per-launch
-    tables (`launches.single(launch, shapes)` for one kernel)."""
+    tables (`launches.single(launch, shapes)` for one kernel).
+
+    Only the per-slot status and the final field updates touch every warp slot; what an issue
+    does is decoded and computed per scheduler for its selected warp, then written back where
+    `sel`."""
     k = state.tick
     edge, acc = clock_edges(state, launch)
     c = state.cycle
     st = warp_status(state, launch, shapes, c, k, launches)
-    prog = warp_program(launches, state.warps.launch)
     sel, has, q_sel = select(state, launch, shapes, st, edge)
     w = state.warps
-    op = st.op
+
+    # The selected warp of each scheduler and its instruction, [sm, sched].
+    pick = lambda x: _of_selected(x, q_sel, shapes)  # noqa: E731
+    pc_s = jnp.clip(pick(w.pc), 0, shapes.n_instr - 1)
+    launch_s = pick(w.launch) if shapes.n_launches > 1 else jnp.zeros_like(pc_s)
+    trips_s, lanes_s, if_lanes_s = pick(w.trips_left), pick(w.lanes), pick(w.if_lanes)
+    fields = instruction_fields(launches, launch_s, pc_s)
+    op_s, _, lat_s, issue64_s, mio_cost_s, mem_lat_s, l2_s, dram_s = (
+        jnp.where(has, fields[..., i], 0) for i in range(8))
+    prog = warp_program(launches, launch_s)
+    cc = c[:, None]
 
     # MIO: schedulers in index order share the SM's backlog.
-    mio_cost = _per_scheduler(st.mio_cost, sel, shapes)
-    mio_before = state.mio[:, None] + jnp.cumsum(mio_cost, axis=1, dtype=jnp.int32) - mio_cost
-    is_short = (op == Op.LDS) | (op == Op.SHFL)
-    ready_mio = jnp.where(
-        sel & is_short,
-        jnp.maximum(w.ready_mio, c[:, None] + per_warp(mio_before, shapes) + st.mio_cost + st.lat),
-        w.ready_mio,
-    )
-    mio = state.mio + jnp.sum(mio_cost, axis=1, dtype=jnp.int32)
+    mio_before = state.mio[:, None] + jnp.cumsum(mio_cost_s, axis=1, dtype=jnp.int32) - mio_cost_s
+    is_short = has & ((op_s == Op.LDS) | (op_s == Op.SHFL))
+    mio = state.mio + jnp.sum(mio_cost_s, axis=1, dtype=jnp.int32)
 
     # Fixed-latency pipes; issue intervals in 1/64 cycle, so a fractional interval carries over.
-    has_pipe = op < N_PIPES
-    ready_fixed = jnp.where(sel & has_pipe, jnp.maximum(w.ready_fixed, c[:, None] + st.lat), w.ready_fixed)
-    sel_op = _per_scheduler(op, sel, shapes)
-    sel_issue64 = _per_scheduler(st.issue_cost64, sel, shapes).astype(jnp.int64)
-    hits_pipe = has[..., None] & (sel_op[..., None] == jnp.arange(N_PIPES, dtype=jnp.int32))
+    has_pipe = has & (op_s < N_PIPES)
+    hits_pipe = has[..., None] & (op_s[..., None] == jnp.arange(N_PIPES, dtype=jnp.int32))
     now64 = 64 * c.astype(jnp.int64)[:, None, None]
-    pipe_free64 = jnp.where(hits_pipe, jnp.maximum(state.pipe_free64, now64) + sel_issue64[..., None],
+    pipe_free64 = jnp.where(hits_pipe, jnp.maximum(state.pipe_free64, now64) + issue64_s.astype(jnp.int64)[..., None],
                             state.pipe_free64)
 
     # Chip-wide L2 and DRAM queues, in (SM, scheduler) order.
-    l2 = _per_scheduler(st.l2_cost, sel, shapes)
-    dram = _per_scheduler(st.dram_cost, sel, shapes)
-    l2_after = state.q_l2 + _prefix_sum_sm_sched(l2)
-    dram_after = state.q_dram + _prefix_sum_sm_sched(dram)
+    l2_after = state.q_l2 + _prefix_sum_sm_sched(l2_s)
+    dram_after = state.q_dram + _prefix_sum_sm_sched(dram_s)
     delay = jnp.maximum(_ceil_ticks(l2_after), _ceil_ticks(dram_after))
-    ready_mem = jnp.where(
-        sel & (op == Op.LDG), jnp.maximum(w.ready_mem, k + st.mem_lat + per_warp(delay, shapes)), w.ready_mem
-    )
+    is_ldg = has & (op_s == Op.LDG)
 
     # Barrier arrival (CTA or grid), exit, loop back-edge (trip count or work queue), next pc.
     # Grid barriers exist only in a workload's only launch (section 13), so launch 0's program
     # says which barriers are grid-wide.
-    arrive = sel & (op == Op.BAR)
-    grid_arrive = arrive & launch.grid_sync[w.pc]
-    exits = sel & (op == Op.EXIT)
-    at_end = sel & (w.pc == prog.loop_end)
+    arrive = has & (op_s == Op.BAR)
+    grid_arrive = arrive & launch.grid_sync[pc_s]
+    exits = has & (op_s == Op.EXIT)
+    at_end = has & (pc_s == prog.loop_end)
     persistent = launch.work_items > 0
-    take = _take_work_items(state, launch, shapes, at_end & persistent)
-    back = jnp.where(persistent, take, at_end & (w.trips_left > 1))
-    trips_left = jnp.where(back & ~persistent, w.trips_left - 1, w.trips_left)
-    # A taken back-edge refetches the loop start before the warp can issue again.
-    ready_fetch = jnp.where(back, c[:, None] + launch.taken_branch_cycles, w.ready_fetch)
-    next_pc = resolve_pc(
-        prog, jnp.where(back, prog.loop_start, w.pc + 1), trips_left, w.if_lanes, w.lanes
-    )
+    take = _take_work_items(state, launch, at_end & persistent)
+    back = jnp.where(persistent, take, at_end & (trips_s > 1))
+    trips_left_s = jnp.where(back & ~persistent, trips_s - 1, trips_s)
+    next_pc = resolve_pc(prog, jnp.where(back, prog.loop_start, pc_s + 1), trips_left_s, if_lanes_s, lanes_s)
 
-    cta_arrived = state.cta_arrived + _per_cta((arrive & ~grid_arrive).astype(jnp.int32), launch, shapes)
-    cta_live = state.cta_live - _per_cta(exits.astype(jnp.int32), launch, shapes)
+    slot_s = jnp.arange(shapes.schedulers, dtype=jnp.int32) + shapes.schedulers * q_sel
+    cta_of_sel = jnp.minimum(slot_s // launch.warps_per_cta, shapes.cta_slots - 1)
+    cta_arrived = state.cta_arrived + _per_cta((arrive & ~grid_arrive).astype(jnp.int32), cta_of_sel, shapes)
+    cta_live = state.cta_live - _per_cta(exits.astype(jnp.int32), cta_of_sel, shapes)
     occupied = state.cta_id >= 0
     release = occupied & (cta_arrived == cta_live) & (cta_arrived > 0)
     complete = occupied & (cta_live == 0)
     cta_of_warp = jnp.minimum(jnp.arange(shapes.warp_slots, dtype=jnp.int32) // launch.warps_per_cta, shapes.cta_slots - 1)
-    released = release[:, cta_of_warp]
 
+    # What the selected warps write back, per scheduler, computed once (`materialize`).
+    upd = once(dict(
+        exits=exits, next_pc=next_pc, trips=trips_left_s, arrive=arrive, fixed=has_pipe, fixed_at=cc + lat_s,
+        short=is_short, short_at=cc + mio_before + mio_cost_s + lat_s, ldg=is_ldg, mem_at=k + mem_lat_s + delay,
+        back=back, release=release, pipe_free64=pipe_free64, mio=mio), jnp.minimum(launch.tick_mhz, 1))
+    pipe_free64, mio = upd.pop("pipe_free64"), upd.pop("mio")
+    u = {name: per_warp(x, shapes) for name, x in upd.items() if name != "release"}
+    released = upd["release"][:, cta_of_warp]
     warps = replace(
         w,
-        active=w.active & ~exits,
-        pc=jnp.where(sel, next_pc, w.pc),
-        trips_left=trips_left,
-        at_barrier=(w.at_barrier | arrive) & ~released,
-        ready_fixed=ready_fixed,
-        ready_mio=ready_mio,
-        ready_mem=ready_mem,
-        ready_fetch=ready_fetch,
+        active=w.active & ~(sel & u["exits"]),
+        pc=jnp.where(sel, u["next_pc"], w.pc),
+        trips_left=jnp.where(sel, u["trips"], w.trips_left),
+        at_barrier=(w.at_barrier | (sel & u["arrive"])) & ~released,
+        ready_fixed=jnp.where(sel & u["fixed"], jnp.maximum(w.ready_fixed, u["fixed_at"]), w.ready_fixed),
+        ready_mio=jnp.where(sel & u["short"], jnp.maximum(w.ready_mio, u["short_at"]), w.ready_mio),
+        ready_mem=jnp.where(sel & u["ldg"], jnp.maximum(w.ready_mem, u["mem_at"]), w.ready_mem),
+        # A taken back-edge refetches the loop start before the warp can issue again.
+        ready_fetch=jnp.where(sel & u["back"], cc + launch.taken_branch_cycles, w.ready_fetch),
     )
 
     # Counters use the start-of-cycle state; 'selected' for the issuing warps.
+    in_if = (pc_s >= prog.branch_start) & (pc_s < prog.branch_mid)
+    in_else = (pc_s >= prog.branch_mid) & (pc_s < prog.branch_end)
+    active_lanes = jnp.where(in_if, if_lanes_s, jnp.where(in_else, lanes_s - if_lanes_s, lanes_s))
     n_done = jnp.sum(complete, dtype=jnp.int32)
     counters = state.counters
     cycles = edge.astype(jnp.int64)
@@ -197,9 +210,9 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -
         counters,
         sm_cycles=counters.sm_cycles + cycles,
         sm_busy_cycles=counters.sm_busy_cycles + cycles * (active_warps > 0),
-        sm_issued=counters.sm_issued + jnp.sum(sel, axis=1),
-        sm_issued_op=counters.sm_issued_op + _count_ops(sel_op, has),
-        sm_active_lanes=counters.sm_active_lanes + jnp.sum(jnp.where(sel, st.active_lanes, 0), axis=1),
+        sm_issued=counters.sm_issued + jnp.sum(has, axis=1, dtype=jnp.int64),
+        sm_issued_op=counters.sm_issued_op + _count_ops(op_s, has),
+        sm_active_lanes=counters.sm_active_lanes + jnp.sum(jnp.where(has, active_lanes, 0), axis=1, dtype=jnp.int64),
         sm_warp_cycles=counters.sm_warp_cycles + cycles * active_warps,
         sm_stalls=counters.sm_stalls + count_reasons(reason, edge),
         cta_end_tick=counters.cta_end_tick.at[end_ids.reshape(-1)].set(k, mode="drop"),
@@ -228,8 +241,8 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -
         cta_arrived=jnp.where(release, 0, cta_arrived),
         resident=state.resident - jnp.sum(complete, axis=1, dtype=jnp.int32),
         warps=warps,
-        q_l2=state.q_l2 + jnp.sum(l2, dtype=jnp.int32),
-        q_dram=state.q_dram + jnp.sum(dram, dtype=jnp.int32),
+        q_l2=state.q_l2 + jnp.sum(l2_s, dtype=jnp.int32),
+        q_dram=state.q_dram + jnp.sum(dram_s, dtype=jnp.int32),
         g_arrived=state.g_arrived + jnp.sum(grid_arrive, dtype=jnp.int32),
         items_taken=state.items_taken + jnp.sum(take, dtype=jnp.int32),
         ctas_done=state.ctas_done + n_done,

@@ -25,7 +25,8 @@ from jaxtyping import Array, Bool, Int
 from ..lower import Launch, Shapes
 from .launch_credit import can_launch
 from .launches import Launches, head_launch, warp_program
-from .state import INF, State
+from .materialize import when
+from .state import INF, State, Warps
 from .variation import resolve_pc, warp_variation
 
 HARDWARE, ROUND_ROBIN, LEAST_LOADED, WEIGHTED, CLOSED_LOOP = range(5)
@@ -206,6 +207,49 @@ def _place_one(
     return jax.tree.map(lambda h, p: jnp.where(hold, h, p), slots._replace(hold=jnp.bool_(True)), placed)
 
 
+def _launch_warps(
+    w: Warps, new: Bool[Array, "sm cta"], slots: _Slots, state: State, launch: Launch, shapes: Shapes,
+    variation: Variation, launches: Launches,
+) -> tuple[Warps, Int[Array, " sm"]]:
+    """Start the warps of the CTAs placed in this tick (`new`), and count per SM the work items
+    their warps took (persistent kernels). Slot w belongs to CTA slot w // W, warp w mod W."""
+    n_w = launch.warps_per_cta
+    slot = jnp.arange(shapes.warp_slots, dtype=jnp.int32)
+    j_of = jnp.minimum(slot // n_w, shapes.cta_slots - 1)
+    warp = jnp.clip(slot - j_of * n_w, 0, 31)
+    fresh = new[:, j_of] & (slot < shapes.cta_slots * n_w)[None, :]
+    cta = jnp.clip(slots.cta_id[:, j_of], 0, shapes.max_ctas - 1)
+    packed = variation.packed[cta, warp]
+    trips, if_lanes = packed >> 6, packed & 63
+    warp_launch = slots.cta_launch[:, j_of]
+    # Persistent kernels (a workload's only launch): each new warp takes its first work item, in
+    # placement then warp order.
+    persistent = launch.work_items > 0
+    order = (slots.cta_id[:, j_of] - state.next_cta[0]) * n_w + warp
+    took = fresh & persistent & (order < launch.work_items - state.items_taken)
+    trips = jnp.where(persistent, took.astype(jnp.int32), trips)
+    lanes = jnp.where(warp == n_w - 1, launch.lanes_last_warp, 32)
+    pc0 = resolve_pc(warp_program(launches, warp_launch), jnp.zeros_like(trips), trips, if_lanes, lanes)
+    zero = jnp.zeros_like(trips)
+    warps = replace(
+        w,
+        active=w.active | fresh,
+        pc=jnp.where(fresh, pc0, w.pc),
+        trips_left=jnp.where(fresh, trips, w.trips_left),
+        lanes=jnp.where(fresh, lanes, w.lanes),
+        if_lanes=jnp.where(fresh, if_lanes, w.if_lanes),
+        age=jnp.where(fresh, 32 * cta + warp, w.age),
+        at_barrier=w.at_barrier & ~fresh,
+        ready_fixed=jnp.where(fresh, zero, w.ready_fixed),
+        ready_mio=jnp.where(fresh, zero, w.ready_mio),
+        ready_mem=jnp.where(fresh, zero, w.ready_mem),
+        ready_fetch=jnp.where(fresh, zero, w.ready_fetch),
+        launch=jnp.where(fresh, warp_launch, w.launch),
+    )
+
+    return warps, jnp.sum(took, axis=1, dtype=jnp.int32)
+
+
 def dispatch(
     state: State, launch: Launch, shapes: Shapes, variation: Variation, tick: Int[Array, ""],
     launches: Launches,
@@ -230,41 +274,9 @@ def dispatch(
         start)
     new = (slots.cta_id >= 0) & (slots.cta_id != state.cta_id)  # [sm, cta]
 
-    # Launch the new CTAs' warps: slot w belongs to CTA slot w // W, warp w mod W.
-    n_w = launch.warps_per_cta
-    slot = jnp.arange(shapes.warp_slots, dtype=jnp.int32)
-    j_of = jnp.minimum(slot // n_w, shapes.cta_slots - 1)
-    warp = jnp.clip(slot - j_of * n_w, 0, 31)
-    fresh = new[:, j_of] & (slot < shapes.cta_slots * n_w)[None, :]
-    cta = jnp.clip(slots.cta_id[:, j_of], 0, shapes.max_ctas - 1)
-    packed = variation.packed[cta, warp]
-    trips, if_lanes = packed >> 6, packed & 63
-    warp_launch = slots.cta_launch[:, j_of]
-    # Persistent kernels (a workload's only launch): each new warp takes its first work item, in
-    # placement then warp order.
-    persistent = launch.work_items > 0
-    order = (slots.cta_id[:, j_of] - state.next_cta[0]) * n_w + warp
-    took = fresh & persistent & (order < launch.work_items - state.items_taken)
-    trips = jnp.where(persistent, took.astype(jnp.int32), trips)
-    lanes = jnp.where(warp == n_w - 1, launch.lanes_last_warp, 32)
-    pc0 = resolve_pc(warp_program(launches, warp_launch), jnp.zeros_like(trips), trips, if_lanes, lanes)
-    w = state.warps
-    zero = jnp.zeros_like(trips)
-    warps = replace(
-        w,
-        active=w.active | fresh,
-        pc=jnp.where(fresh, pc0, w.pc),
-        trips_left=jnp.where(fresh, trips, w.trips_left),
-        lanes=jnp.where(fresh, lanes, w.lanes),
-        if_lanes=jnp.where(fresh, if_lanes, w.if_lanes),
-        age=jnp.where(fresh, 32 * cta + warp, w.age),
-        at_barrier=w.at_barrier & ~fresh,
-        ready_fixed=jnp.where(fresh, zero, w.ready_fixed),
-        ready_mio=jnp.where(fresh, zero, w.ready_mio),
-        ready_mem=jnp.where(fresh, zero, w.ready_mem),
-        ready_fetch=jnp.where(fresh, zero, w.ready_fetch),
-        launch=jnp.where(fresh, warp_launch, w.launch),
-    )
+    # Launch the new CTAs' warps; most ticks place none in any configuration (`when`).
+    warps, took = when(jnp.any(new), lambda x: _launch_warps(x[0], new, slots, state, launch, shapes, variation,
+                                                             launches), (state.warps, jnp.zeros(shapes.n_sm, jnp.int32)))
 
     k = state.counters
     ids = jnp.where(new, slots.cta_id, shapes.max_ctas).reshape(-1)  # out of range: dropped
@@ -273,7 +285,7 @@ def dispatch(
         state,
         cta_id=slots.cta_id,
         cta_launch=slots.cta_launch,
-        cta_live=jnp.where(new, n_w, state.cta_live),
+        cta_live=jnp.where(new, launch.warps_per_cta, state.cta_live),
         cta_arrived=jnp.where(new, 0, state.cta_arrived),
         cta_start=slots.start,
         cta_used=state.cta_used | new,
@@ -287,7 +299,7 @@ def dispatch(
         items_taken=state.items_taken + jnp.sum(took, dtype=jnp.int32),
         counters=replace(
             k,
-            sm_items=k.sm_items + jnp.sum(took, axis=1, dtype=jnp.int64),
+            sm_items=k.sm_items + took,
             sm_ctas=k.sm_ctas + jnp.sum(new, axis=1, dtype=jnp.int32),
             cta_sm=k.cta_sm.at[ids].set(sm_of, mode="drop"),
             cta_start_tick=k.cta_start_tick.at[ids].set(tick, mode="drop"),

@@ -113,6 +113,16 @@ def instruction_fields(launches: Launches, warp_launch: Int[Array, "sm warp"], p
     return table[0][pc] if table.shape[0] == 1 else table[warp_launch, pc]
 
 
+def op_and_dep(
+    launches: Launches, warp_launch: Int[Array, "sm warp"], pc: Int[Array, "sm warp"]
+) -> tuple[Int[Array, "sm warp"], Bool[Array, "sm warp"]]:
+    """The op class and dependency bit at each warp's pc: the only instruction fields the
+    per-slot status needs, gathered from one narrow table `op << 1 | dep`."""
+    narrow = (launches.instructions[..., 0] << 1) | launches.instructions[..., 1]
+    code = narrow[0][pc] if narrow.shape[0] == 1 else narrow[warp_launch, pc]
+    return code >> 1, (code & 1) > 0
+
+
 def initial_ready(launches: Launches) -> Int[Array, " launch"]:
     """Launches without dependencies may start at `submit + gap`; the others are unknown (INF)
     until their dependencies complete."""

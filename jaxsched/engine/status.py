@@ -13,7 +13,7 @@ from jaxtyping import Array, Bool, Int
 
 from ..isa import Op
 from ..lower import Launch, Shapes
-from .launches import Launches, instruction_fields, warp_program
+from .launches import Launches, op_and_dep
 from .state import INF, N_PIPES, State
 
 # Stall-reason codes (index into state.STALL_REASONS); -1 marks an empty or exited slot.
@@ -21,16 +21,10 @@ SELECTED, NOT_SELECTED, LONG_SB, SHORT_SB, WAIT, BARRIER, MIO_THROTTLE, PIPE_THR
 
 
 class WarpStatus(NamedTuple):
-    """Per warp slot [sm, warp]: the instruction at pc, eligibility and blocking."""
+    """Per warp slot [sm, warp]: eligibility and blocking of the instruction at pc. What an
+    issue does (latencies, costs, lanes) is decoded per scheduler for the selected warp only
+    (`cycle.run_tick`), so the per-slot pass reads just the op class and the dependency bit."""
 
-    op: Int[Array, "sm warp"]
-    lat: Int[Array, "sm warp"]
-    issue_cost64: Int[Array, "sm warp"]  # pipe issue interval, 1/64 cycle
-    mio_cost: Int[Array, "sm warp"]
-    mem_lat: Int[Array, "sm warp"]
-    l2_cost: Int[Array, "sm warp"]
-    dram_cost: Int[Array, "sm warp"]
-    active_lanes: Int[Array, "sm warp"]
     eligible: Bool[Array, "sm warp"]
     reason: Int[Array, "sm warp"]  # stall reason if it does not issue; -1 if no warp
     clear_cycle: Int[Array, "sm warp"]  # earliest cycle a cycle-counted block clears (INF: none)
@@ -51,11 +45,7 @@ def warp_status(
     """Each warp reads its own launch's program (`launches`, docs/model.md section 13)."""
     w = state.warps
     pc = jnp.clip(w.pc, 0, shapes.n_instr - 1)
-    # One gather of a packed per-instruction table instead of one per field.
-    fields = instruction_fields(launches, w.launch, pc)
-    prog = warp_program(launches, w.launch)
-    op, dep, lat, issue_cost64, mio_cost, mem_lat, l2_cost, dram_cost = (fields[..., i] for i in range(8))
-    dep = dep > 0
+    op, dep = op_and_dep(launches, w.launch, pc)
     c = cycle[:, None]
 
     long_sb = dep & (tick < w.ready_mem)
@@ -93,24 +83,7 @@ def warp_status(
     )
     clear = jnp.where(eligible, c, jnp.where(live, clear, INF))
     clear_tick = jnp.where(live & long_sb, w.ready_mem, INF)
-
-    in_if = (pc >= prog.branch_start) & (pc < prog.branch_mid)
-    in_else = (pc >= prog.branch_mid) & (pc < prog.branch_end)
-    active_lanes = jnp.where(in_if, w.if_lanes, jnp.where(in_else, w.lanes - w.if_lanes, w.lanes))
-    return WarpStatus(
-        op=op,
-        lat=lat,
-        issue_cost64=issue_cost64,
-        mio_cost=mio_cost,
-        mem_lat=mem_lat,
-        l2_cost=l2_cost,
-        dram_cost=dram_cost,
-        active_lanes=active_lanes,
-        eligible=eligible,
-        reason=reason,
-        clear_cycle=clear,
-        clear_tick=clear_tick,
-    )
+    return WarpStatus(eligible=eligible, reason=reason, clear_cycle=clear, clear_tick=clear_tick)
 
 
 def count_reasons(reason: Int[Array, "sm warp"], weight: Int[Array, " sm"]) -> Int[Array, "sm 8"]:

@@ -1,0 +1,39 @@
+"""Two loop-boundary tools for the step: skip work no configuration needs, and compute small
+values once rather than once per warp slot that reads them.
+
+`lax.cond` under `vmap` becomes a `select` that runs both branches for every configuration.
+A `while_loop` of at most one trip keeps the skip: batched, it runs while *any* configuration
+still needs its trip, so a step where none does costs only the test (`when`).
+
+XLA fuses an elementwise producer into each consumer, and a consumer that broadcasts it (a
+per-scheduler value read by the 16 warp slots of its scheduler) recomputes the producer's whole
+expression per slot. `jax.lax.optimization_barrier` does not stop this: XLA expands it before
+fusion. Values that leave a loop are materialised, so `once` computes through a one-trip loop
+whose trip count XLA cannot prove (benchmarks/RESULTS.md, "Where the time goes").
+"""
+
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Int
+
+T = TypeVar("T")
+
+
+def when(pred: Bool[Array, ""], fn: Callable[[T], T], x: T) -> T:
+    """`fn(x)` if `pred` else `x`; under `vmap`, `fn` runs (for all) only if some `pred` holds."""
+
+    def body(carry: tuple[Array, T]) -> tuple[Array, T]:
+        return jnp.bool_(True), fn(carry[1])
+
+    return jax.lax.while_loop(lambda carry: pred & ~carry[0], body, (jnp.bool_(False), x))[1]
+
+
+def once(values: T, one: Int[Array, ""]) -> T:
+    """`values`, materialised (see the module docstring). `one` must be a traced int32 equal to
+    1: the caller's proof that the loop makes its one trip, which XLA cannot see."""
+    shapes = jax.tree.map(lambda v: jnp.zeros(v.shape, v.dtype), values)
+    return when(one > 0, lambda _: values, shapes)
