@@ -275,8 +275,8 @@ def dispatch(
     new = (slots.cta_id >= 0) & (slots.cta_id != state.cta_id)  # [sm, cta]
 
     # Launch the new CTAs' warps; most ticks place none in any configuration (`when`).
-    warps, took = when(jnp.any(new), lambda x: _launch_warps(x[0], new, slots, state, launch, shapes, variation,
-                                                             launches), (state.warps, jnp.zeros(shapes.n_sm, jnp.int32)))
+    warps, took = when(jnp.any(new), lambda x, *a: _launch_warps(x[0], *a, state, launch, shapes, variation, launches),
+                       (state.warps, jnp.zeros(shapes.n_sm, jnp.int32)), new, slots)
 
     k = state.counters
     ids = jnp.where(new, slots.cta_id, shapes.max_ctas).reshape(-1)  # out of range: dropped

@@ -23,11 +23,23 @@ from jaxtyping import Array, Bool, Int
 T = TypeVar("T")
 
 
-def when(pred: Bool[Array, ""], fn: Callable[[T], T], x: T) -> T:
-    """`fn(x)` if `pred` else `x`; under `vmap`, `fn` runs (for all) only if some `pred` holds."""
+def when(pred: Bool[Array, ""], fn: Callable[..., T], x: T, *args) -> T:
+    """`fn(x, *args)`, where `fn` must return `x` unchanged when `pred` is false: this only
+    skips work. On CPU, `fn` runs (for all) only if some configuration's `pred` holds. XLA
+    hoists what does not depend on the loop out of it (and would then run it every time), so
+    `args` reach `fn` tied to the loop's trip flag: pass the small arrays the expensive part
+    is computed from.
+
+    On GPU `fn` always runs, fused into the step's other kernels: in the large batches a GPU
+    runs, some configuration nearly always needs it, and the loop's carry copies then cost
+    more than they save (benchmarks/RESULTS.md)."""
+    if jax.default_backend() != "cpu":
+        return fn(x, *args)
 
     def body(carry: tuple[Array, T]) -> tuple[Array, T]:
-        return jnp.bool_(True), fn(carry[1])
+        tripped, value = carry
+        tied = jax.tree.map(lambda a: jnp.where(tripped, jnp.zeros_like(a), a), args)
+        return jnp.bool_(True), fn(value, *tied)
 
     return jax.lax.while_loop(lambda carry: pred & ~carry[0], body, (jnp.bool_(False), x))[1]
 
@@ -35,5 +47,9 @@ def when(pred: Bool[Array, ""], fn: Callable[[T], T], x: T) -> T:
 def once(values: T, one: Int[Array, ""]) -> T:
     """`values`, materialised (see the module docstring). `one` must be a traced int32 equal to
     1: the caller's proof that the loop makes its one trip, which XLA cannot see."""
-    shapes = jax.tree.map(lambda v: jnp.zeros(v.shape, v.dtype), values)
-    return when(one > 0, lambda _: values, shapes)
+
+    def body(carry: tuple[Array, T]) -> tuple[Array, T]:
+        return carry[0] + 1, values
+
+    empty = jax.tree.map(lambda v: jnp.zeros(v.shape, v.dtype), values)
+    return jax.lax.while_loop(lambda carry: carry[0] < one, body, (jnp.int32(0), empty))[1]
