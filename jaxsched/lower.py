@@ -37,7 +37,7 @@ class Shapes:
 
     n_sm: int  # SM slots
     warp_slots: int  # warp slots per SM (max threads per SM / 32)
-    cta_slots: int  # CTA slots per SM (max blocks per SM)
+    cta_slots: int  # CTA slots per SM: the largest occupancy (CTAs per SM) of the batch
     schedulers: int
     n_instr: int
     max_ctas: int  # per-CTA trace length (all launches of a workload)
@@ -109,11 +109,21 @@ def shapes_for(arch: Arch, kernel: Kernel) -> Shapes:
     return Shapes(
         n_sm=arch.n_sm_slots,
         warp_slots=int(arch.max_threads_per_sm) // arch.warp_size,
-        cta_slots=int(arch.max_blocks_per_sm),
+        cta_slots=cta_slots_for(arch, kernel),
         schedulers=arch.schedulers_per_sm,
         n_instr=kernel.n_instr,
         max_ctas=int(kernel.grid_ctas),
     )
+
+
+def cta_slots_for(arch: Arch, kernel: Kernel) -> int:
+    """CTA slots per SM that a (concrete) kernel needs: its occupancy, at least 1. Slots at or
+    beyond `ctas_per_sm` never hold a CTA, so sizing the per-slot arrays by the occupancy rather
+    than the architecture's maximum (32 on Hopper) changes no result, and makes every per-slot
+    array and each iteration of the dispatch loop that much smaller."""
+    occ = occupancy(arch, kernel.threads_per_cta, kernel.regs_per_thread, kernel.dynamic_smem_bytes,
+                    kernel.static_smem_bytes)
+    return max(1, int(occ.blocks_per_sm))
 
 
 def validate(arch: Arch, kernel: Kernel, clocks: Clocks) -> None:

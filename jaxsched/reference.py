@@ -1233,6 +1233,7 @@ def simulate(
     tick_mhz = int(launches[0].tick_mhz)
     shapes = dataclasses.replace(lower_mod.shapes_for(arch, kernels[0]), trace_len=int(trace_len),
                                  n_instr=max(one.n_instr for one in kernels),
+                                 cta_slots=max(lower_mod.cta_slots_for(arch, one) for one in kernels),
                                  max_ctas=sum(int(one.grid_ctas) for one in kernels))
     plan = (Plan.of(lower_mod.to_numpy(workload_mod.lower_workload(kernel, arch, tick_mhz)))
             if is_workload else Plan.single(int(launches[0].n_ctas)))

@@ -134,7 +134,7 @@ from .engine.state import STALL_REASONS
 from .errors import JaxschedError, check
 from .dvfs import Dvfs, validate_dvfs
 from .kernel import Kernel, kernel_from_dict, load_kernel, pad_program
-from .lower import DISPATCH_POLICIES, WARP_POLICIES, shapes_for, validate
+from .lower import DISPATCH_POLICIES, WARP_POLICIES, cta_slots_for, shapes_for, validate
 from .occupancy import check_launch, occupancy
 from .sweep_design import CONFIG_DIM, Design, design_coords
 from .sweep_paths import Point
@@ -162,6 +162,7 @@ class Sweep:
     feasible: np.ndarray  # bool, point shape
     infeasible_reason: np.ndarray  # str, point shape ("" where feasible)
     max_grid_ctas: int  # the largest grid of any feasible point (sizes the engine state)
+    max_cta_slots: int  # the largest occupancy (CTAs per SM) of any feasible point (sizes it too)
 
     @property
     def arch(self) -> Arch:
@@ -233,10 +234,12 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Swee
     partial = Sweep(title=str(doc.get("title", source)), text=text, base=base, grid=grid, design=design,
                     replicates=replicates, seed=seed, chunk=chunk, cta_trace=cta_trace, feasible=np.ones((), bool),
                     infeasible_reason=np.asarray(""),
-                    max_grid_ctas=int(kernel.grid_ctas) * max(1, base["workload"]["launches"]))
+                    max_grid_ctas=int(kernel.grid_ctas) * max(1, base["workload"]["launches"]),
+                    max_cta_slots=int(arch.max_blocks_per_sm))
     _check_dvfs(partial, source)
-    feasible, reasons, max_grid = _check_points(partial, source)
-    return dataclasses.replace(partial, feasible=feasible, infeasible_reason=reasons, max_grid_ctas=max_grid)
+    feasible, reasons, max_grid, max_slots = _check_points(partial, source)
+    return dataclasses.replace(partial, feasible=feasible, infeasible_reason=reasons, max_grid_ctas=max_grid,
+                               max_cta_slots=max_slots)
 
 
 def _kernel_variants(doc: dict, kernel: Kernel, base_dir: Path, source: str) -> dict[str, Kernel]:
@@ -294,7 +297,9 @@ def _launch_refusal(arch: Arch, kernel: Kernel) -> str | None:
 
 
 def _static_shapes(arch: Arch, kernel: Kernel):
-    return dataclasses.replace(shapes_for(arch, kernel), max_ctas=0)
+    """The sizes every point must share: the CTA trace and the CTA slots are padded to the
+    sweep's largest (`max_grid_ctas`, `max_cta_slots`)."""
+    return dataclasses.replace(shapes_for(arch, kernel), max_ctas=0, cta_slots=0)
 
 
 def _dvfs_settings(sweep: Sweep, source: str) -> Iterator[tuple[str, Callable[[], Dvfs]]]:
@@ -327,9 +332,9 @@ def _check_dvfs(sweep: Sweep, source: str) -> None:
             raise JaxschedError(f"{where}: {exc.field}", exc.value, exc.limit) from None
 
 
-def _check_points(sweep: Sweep, source: str) -> tuple[np.ndarray, np.ndarray, int]:
-    """Feasibility and reason of every point, and the largest feasible grid; raises for a point
-    that fails otherwise.
+def _check_points(sweep: Sweep, source: str) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Feasibility and reason of every point, the largest feasible grid and occupancy; raises for
+    a point that fails otherwise.
 
     Only the `_LAUNCH_GROUPS` paths matter here (less `sweep_paths.VALUE_ONLY`), so points are
     checked once per distinct assignment of those (a grid over policies and clocks is checked
@@ -343,7 +348,7 @@ def _check_points(sweep: Sweep, source: str) -> tuple[np.ndarray, np.ndarray, in
     reasons = np.full(shape, "", dtype=object)
     shapes0 = _static_shapes(sweep.arch, sweep.kernel)
     checked: dict[tuple, str | None] = {}
-    max_grid = 1
+    max_grid, max_slots = 1, 1
     for index in np.ndindex(*shape):
         key = tuple((p, v) for p, v in sweep.assignments(index) if p in relevant)
         if key not in checked:
@@ -363,12 +368,13 @@ def _check_points(sweep: Sweep, source: str) -> tuple[np.ndarray, np.ndarray, in
                 check(not changed, f"{source}: {label}", "; ".join(changed),
                       "changes the engine's static array sizes; every configuration of a sweep must share them")
                 max_grid = max(max_grid, int(kernel.grid_ctas) * max(1, sweep.base["workload"]["launches"]))
+                max_slots = max(max_slots, cta_slots_for(arch, kernel))
             checked[key] = refusal
         if checked[key] is not None:
             feasible[index], reasons[index] = False, checked[key]
     check(bool(feasible.any()), f"{source}: every point", str(reasons.flat[0]),
           "no configuration of this sweep can launch")
-    return feasible, reasons.astype(str), max_grid
+    return feasible, reasons.astype(str), max_grid, max_slots
 
 
 class Config(NamedTuple):
@@ -621,9 +627,11 @@ def _sharded_engine(mesh: Mesh):
 class Runner:
     """Runs batches of configurations on local devices, sharded over them when more than one."""
 
-    def __init__(self, devices: Sequence | None = None, dvfs_step: bool | None = None):
+    def __init__(self, devices: Sequence | None = None, dvfs_step: bool | None = None,
+                 cta_slots: int | None = None):
         self.devices = list(devices) if devices else jax.local_devices()
         self.dvfs_step = dvfs_step  # simulate_batch's: None decides per batch
+        self.cta_slots = cta_slots  # simulate_batch's: None sizes them per batch
         self.mesh = Mesh(np.asarray(self.devices), ("config",)) if len(self.devices) > 1 else None
 
     def batch_size(self, n: int) -> int:
@@ -644,7 +652,7 @@ class Runner:
         args = [col[name] for name in ("arch", "kernel", "clocks", "warp_policy", "dispatch", "dispatch_start")]
         kwargs = dict(dispatch_weight=col["dispatch_weight"], ema_alpha=np.asarray(col["ema_alpha"]),
                       ema_prior_ns=np.asarray(col["ema_prior_ns"]), dvfs=col["dvfs"],
-                      dvfs_step=self.dvfs_step)
+                      dvfs_step=self.dvfs_step, cta_slots=self.cta_slots)
         if self.mesh is None:
             with jax.default_device(self.devices[0]):
                 result = simulate_batch(*args, **kwargs)
@@ -674,7 +682,8 @@ def auto_chunk(sweep: Sweep, devices: Sequence) -> int:
 def _bytes_per_config(sweep: Sweep) -> int:
     from .engine.state import initial_state
 
-    shapes = dataclasses.replace(shapes_for(sweep.arch, sweep.kernel), max_ctas=sweep.max_grid_ctas)
+    shapes = dataclasses.replace(shapes_for(sweep.arch, sweep.kernel), max_ctas=sweep.max_grid_ctas,
+                                 cta_slots=sweep.max_cta_slots)
     with jax.enable_x64(True):
         state = jax.eval_shape(lambda: initial_state(shapes))
     return 8 * sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(state)) + (1 << 16)
@@ -848,7 +857,7 @@ def _extra_shape(sweep: Sweep, extra: tuple[str, ...]) -> tuple[int, ...]:
 def run(sweep: Sweep, progress: Callable[[int, int, float], None] | None = None, *,
         devices: Sequence | None = None, chunk: int | None = None) -> xr.Dataset:
     """Run every configuration in chunks and return the dataset (in memory, no store)."""
-    runner = Runner(devices, uses_dvfs(sweep))
+    runner = Runner(devices, uses_dvfs(sweep), sweep.max_cta_slots)
     layout = make_layout(sweep, chunk or sweep.chunk or auto_chunk(sweep, runner.devices))
     arrays = _unfilled(sweep, layout.shape)
     batch = runner.batch_size(layout.chunk_size)
@@ -1013,7 +1022,7 @@ def execute(
     out = Path(out)
     store = out / STORE
     rank, n_proc = jax.process_index(), jax.process_count()
-    runner = Runner(devices, uses_dvfs(sweep))
+    runner = Runner(devices, uses_dvfs(sweep), sweep.max_cta_slots)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         keep = False

@@ -21,7 +21,7 @@ from ..arch import Arch
 from ..clocks import Clocks
 from ..errors import check
 from ..kernel import Kernel, pad_program
-from ..lower import Shapes, shapes_for, validate
+from ..lower import Shapes, cta_slots_for, shapes_for, validate
 from ..workload import (
     Workload,
     WorkloadLaunch,
@@ -68,5 +68,6 @@ def workload_shapes(arch: Arch, workload: Workload | WorkloadInput) -> Shapes:
     """Static sizes: the per-CTA trace spans every launch's CTAs."""
     base = shapes_for(arch, workload.kernels[0])
     return dataclasses.replace(base, n_instr=max(k.n_instr for k in workload.kernels),
+                               cta_slots=max(cta_slots_for(arch, k) for k in workload.kernels),
                                max_ctas=sum(int(k.grid_ctas) for k in workload.kernels),
                                n_launches=workload.n_launches)

@@ -356,6 +356,7 @@ def simulate_batch(
     trace_len: int = 0,
     max_ticks: int = MAX_TICKS,
     dvfs_step: bool | None = None,
+    cta_slots: int | None = None,
 ) -> Result:
     """Simulate N configurations in one vmapped call (one compilation for equal static shapes).
 
@@ -366,20 +367,25 @@ def simulate_batch(
     modes may differ); their programs are padded to one length. `dvfs_step` compiles the DVFS
     step in (True) or out (False: every configuration must have DVFS off); None decides by the
     batch. A sweep passes True when any of its configurations has DVFS on, so that its chunks
-    share one compilation.
+    share one compilation. `cta_slots` sizes the per-SM CTA-slot arrays at least this large
+    (default: the batch's largest occupancy); a sweep passes its largest, for the same reason.
     """
     n = len(archs)
     check(len(kernels) == n and len(clocks) == n, "batch", (n, len(kernels), len(clocks)),
           "archs, kernels and clocks must have the same length")
     kernels, shape_list = _prepare_batch(archs, kernels, clocks)
     shape_set = {dataclass_key(s) for s in shape_list}
-    check(len({s[:-1] for s in shape_set}) == 1, "batch", sorted(shape_set),
-          "every configuration needs the same SM slots, warp/CTA slots and program length "
-          "(pad programs with make_kernel(pad_to=...))")
+    check(len(shape_set) == 1, "batch", sorted(shape_set),
+          "every configuration needs the same SM slots, warp slots, schedulers, program length and number "
+          "of launches (pad programs with make_kernel(pad_to=...))")
+    most_slots = max(s.cta_slots for s in shape_list)
+    check(cta_slots is None or (isinstance(cta_slots, (int, np.integer)) and most_slots <= cta_slots <= 1024),
+          "cta_slots", cta_slots, f"an integer in {most_slots} (the batch's largest occupancy) .. 1024")
     dvfs_list = [None] * n if dvfs is None else list(dvfs)
     check(len(dvfs_list) == n, "dvfs", len(dvfs_list), f"one entry per configuration ({n})")
     dvfs_stack = stack([_dvfs_input(a, d) for a, d in zip(archs, dvfs_list)])
-    shapes = dataclasses.replace(shape_list[0], max_ctas=max(s[-1] for s in shape_set),
+    shapes = dataclasses.replace(shape_list[0], max_ctas=max(s.max_ctas for s in shape_list),
+                                 cta_slots=most_slots if cta_slots is None else int(cta_slots),
                                  trace_len=_trace_len(trace_len), dvfs=_dvfs_step(dvfs_stack, dvfs_step))
     as_i32 = lambda v: np.broadcast_to(np.asarray(v, dtype=np.int32), (n,))  # noqa: E731
     weights = [None] * n if dispatch_weight is None else list(dispatch_weight)
@@ -397,8 +403,9 @@ def simulate_batch(
 
 
 def dataclass_key(shapes: Shapes) -> tuple[int, ...]:
-    return (shapes.n_sm, shapes.warp_slots, shapes.cta_slots, shapes.schedulers, shapes.n_instr,
-            shapes.n_launches, shapes.max_ctas)
+    """The static sizes every configuration of a batch must share (the batch pads CTA slots and
+    the CTA trace to its largest)."""
+    return (shapes.n_sm, shapes.warp_slots, shapes.schedulers, shapes.n_instr, shapes.n_launches)
 
 
 def _prepare_batch(
