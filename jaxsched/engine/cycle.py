@@ -9,17 +9,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..isa import Op
 from ..lower import QUEUE_ONE_TICK, Launch, Shapes
-from .materialize import once
 from .launch_credit import collect, has_free_slot, starved_schedulers
 from .launches import Launches, instruction_fields, per_launch_sum, update_ready, warp_program
+from .materialize import once
 from .state import N_PIPES, State
-from .status import INF, SELECTED, WarpStatus, count_reasons, per_warp, warp_status
+from .status import (INF, NOT_SELECTED, SELECTED, WarpStatus, count_reasons, per_warp, reason_histogram,
+                     warp_status, warps_counted)
 from .variation import resolve_pc
 
 LRR, GTO, OLDEST = 0, 1, 2
@@ -203,8 +203,10 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -
     n_done = jnp.sum(complete, dtype=jnp.int32)
     counters = state.counters
     cycles = edge.astype(jnp.int64)
-    active_warps = jnp.sum(w.active, axis=1, dtype=jnp.int32)
-    reason = jnp.where(sel, SELECTED, st.reason)
+    # The issuing warps were eligible (`not selected` in the status); they count as `selected`.
+    hist = reason_histogram(st.reason, shapes)
+    moved = jnp.sum(has, axis=1, dtype=jnp.int64) * jnp.int64((1 << 7 * SELECTED) - (1 << 7 * NOT_SELECTED))
+    active_warps = warps_counted(jnp.sum(hist, axis=1))
     end_ids = jnp.where(complete, state.cta_id, shapes.max_ctas)  # out of range: dropped
     counters = replace(
         counters,
@@ -214,7 +216,7 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -
         sm_issued_op=counters.sm_issued_op + _count_ops(op_s, has),
         sm_active_lanes=counters.sm_active_lanes + jnp.sum(jnp.where(has, active_lanes, 0), axis=1, dtype=jnp.int64),
         sm_warp_cycles=counters.sm_warp_cycles + cycles * active_warps,
-        sm_stalls=counters.sm_stalls + count_reasons(reason, edge),
+        sm_stalls=counters.sm_stalls + count_reasons(jnp.sum(hist, axis=1) + moved, edge),
         cta_end_tick=counters.cta_end_tick.at[end_ids.reshape(-1)].set(k, mode="drop"),
         sm_items=counters.sm_items + jnp.sum(take, axis=1, dtype=jnp.int64),
     )
@@ -251,6 +253,6 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -
     )
     # Last in the cycle: starved schedulers (start-of-cycle state) earn launch credit while the
     # SM has a free CTA slot, one freed in this cycle included (section 7).
-    starved = starved_schedulers(st.reason, shapes)
+    starved = starved_schedulers(hist)
     credit = collect(state.launch_credit, starved, edge.astype(jnp.int32), has_free_slot(out, launch, shapes), launch)
     return replace(out, launch_credit=credit)

@@ -19,7 +19,7 @@ from .launch_credit import collect, cycles_to_full, has_free_slot, starved_sched
 from .launches import Launches, next_ready_tick
 from .power import next_dvfs_event
 from .state import State
-from .status import INF, count_reasons, warp_status
+from .status import INF, count_reasons, reason_histogram, warp_status, warps_counted
 
 _MAX_AHEAD_CYCLES = 1 << 17  # x MAX_MHZ stays in int32; a farther event just comes early
 
@@ -61,7 +61,8 @@ def skip_to_next_event(
     by_tick = jnp.min(st.clear_tick, axis=1)
     per_sm = jnp.where(launch.sm_enabled, jnp.minimum(by_cycle, by_tick), INF)
     # The cycle at which an SM's launch credit fills up makes its free slots usable (section 11).
-    starved = starved_schedulers(st.reason, shapes)
+    hist = reason_histogram(st.reason, shapes)
+    starved = starved_schedulers(hist)
     free = has_free_slot(state, launch, shapes)
     to_full = cycles_to_full(state.launch_credit, starved, free, launch)
     credit_full = jnp.where((to_full > 0) & launch.sm_enabled & jnp.any(state.next_cta < launches.n_ctas),
@@ -78,7 +79,7 @@ def skip_to_next_event(
     skipped = nxt - k - 1
 
     cycles, acc = cycles_in_ticks(state, launch, skipped)
-    active_warps = jnp.sum(state.warps.active, axis=1, dtype=jnp.int32)
+    active_warps = warps_counted(jnp.sum(hist, axis=1))
     weight = cycles.astype(jnp.int64)
     counters = state.counters
     counters = replace(
@@ -86,7 +87,7 @@ def skip_to_next_event(
         sm_cycles=counters.sm_cycles + weight,
         sm_busy_cycles=counters.sm_busy_cycles + weight * (active_warps > 0),
         sm_warp_cycles=counters.sm_warp_cycles + weight * active_warps,
-        sm_stalls=counters.sm_stalls + count_reasons(st.reason, cycles),
+        sm_stalls=counters.sm_stalls + count_reasons(jnp.sum(hist, axis=1), cycles),
     )
     drained = jnp.minimum(skipped + 1, 1 << 20) * QUEUE_ONE_TICK
     return replace(

@@ -16,15 +16,16 @@ from jaxtyping import Array, Bool, Int
 
 from ..lower import Launch, Shapes
 from .state import State
-from .status import BARRIER, LONG_SB, SHORT_SB, WAIT
+from .status import MIO_THROTTLE, NOT_SELECTED, PIPE_THROTTLE
+
+# The reasons of a warp that is eligible or throttled; every other reason (or an empty slot) idles.
+_BUSY = sum(127 << (7 * r) for r in (NOT_SELECTED, MIO_THROTTLE, PIPE_THROTTLE))
 
 
-def starved_schedulers(reason: Int[Array, "sm warp"], shapes: Shapes) -> Int[Array, " sm"]:
+def starved_schedulers(hist: Int[Array, "sm sched"]) -> Int[Array, " sm"]:
     """Per SM, the schedulers none of whose active warps is eligible or throttled, from the
-    start-of-cycle stall reasons (-1 marks an empty slot)."""
-    idle = (reason < 0) | (reason == BARRIER) | (reason == LONG_SB) | (reason == SHORT_SB) | (reason == WAIT)
-    per_scheduler = jnp.all(idle.reshape(-1, shapes.warps_per_scheduler, shapes.schedulers), axis=1)
-    return jnp.sum(per_scheduler, axis=1, dtype=jnp.int32)
+    packed start-of-cycle reason histogram (`status.reason_histogram`)."""
+    return jnp.sum((hist & jnp.int64(_BUSY)) == 0, axis=1, dtype=jnp.int32)
 
 
 def has_free_slot(state: State, launch: Launch, shapes: Shapes) -> Bool[Array, " sm"]:

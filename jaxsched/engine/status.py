@@ -86,13 +86,26 @@ def warp_status(
     return WarpStatus(eligible=eligible, reason=reason, clear_cycle=clear, clear_tick=clear_tick)
 
 
-def count_reasons(reason: Int[Array, "sm warp"], weight: Int[Array, " sm"]) -> Int[Array, "sm 8"]:
-    """Per-SM stall-reason histogram of the warps, times `weight` cycles (int64).
-
-    One pass instead of eight: each warp adds 1 << (7 * reason) to an int64, which holds eight
-    7-bit counters (at most 64 warps per SM, so no field overflows); empty slots add 0.
-    """
+def reason_histogram(reason: Int[Array, "sm warp"], shapes: Shapes) -> Int[Array, "sm sched"]:
+    """Per scheduler, how many of its warps hold each stall reason, packed: one pass instead of
+    one per reason and per use (the stall counters and launch-credit starvation both read it).
+    Each warp adds 1 << (7 * reason) to an int64 that holds eight 7-bit counters (at most 127
+    warps per SM, so no field overflows); empty slots add 0. `unpack` reads it."""
     one = jnp.int64(1)
-    packed = jnp.sum(jnp.where(reason >= 0, one << (7 * jnp.maximum(reason, 0)).astype(jnp.int64), 0), axis=1)
-    hist = (packed[:, None] >> (7 * jnp.arange(8, dtype=jnp.int64))) & 127
-    return hist * weight.astype(jnp.int64)[:, None]
+    bits = jnp.where(reason >= 0, one << (7 * jnp.maximum(reason, 0)).astype(jnp.int64), 0)
+    return jnp.sum(bits.reshape(-1, shapes.warps_per_scheduler, shapes.schedulers), axis=1)
+
+
+def unpack(packed: Int[Array, "*n"]) -> Int[Array, "*n 8"]:
+    """The eight counters of a packed reason histogram."""
+    return (packed[..., None] >> (7 * jnp.arange(8, dtype=jnp.int64))) & 127
+
+
+def warps_counted(packed: Int[Array, " sm"]) -> Int[Array, " sm"]:
+    """The warps a packed per-SM histogram counts: every active warp has a reason."""
+    return jnp.sum(unpack(packed), axis=-1).astype(jnp.int32)
+
+
+def count_reasons(packed: Int[Array, " sm"], weight: Int[Array, " sm"]) -> Int[Array, "sm 8"]:
+    """Per-SM stall-reason counts of a packed per-SM histogram, times `weight` cycles."""
+    return unpack(packed) * weight.astype(jnp.int64)[:, None]
