@@ -628,10 +628,10 @@ class Runner:
     """Runs batches of configurations on local devices, sharded over them when more than one."""
 
     def __init__(self, devices: Sequence | None = None, dvfs_step: bool | None = None,
-                 cta_slots: int | None = None):
+                 cta_slots: int | None = None, max_ctas: int | None = None):
         self.devices = list(devices) if devices else jax.local_devices()
-        self.dvfs_step = dvfs_step  # simulate_batch's: None decides per batch
-        self.cta_slots = cta_slots  # simulate_batch's: None sizes them per batch
+        # simulate_batch's; None decides per batch. A sweep fixes them so that it compiles once.
+        self.dvfs_step, self.cta_slots, self.max_ctas = dvfs_step, cta_slots, max_ctas
         self.mesh = Mesh(np.asarray(self.devices), ("config",)) if len(self.devices) > 1 else None
 
     def batch_size(self, n: int) -> int:
@@ -652,7 +652,7 @@ class Runner:
         args = [col[name] for name in ("arch", "kernel", "clocks", "warp_policy", "dispatch", "dispatch_start")]
         kwargs = dict(dispatch_weight=col["dispatch_weight"], ema_alpha=np.asarray(col["ema_alpha"]),
                       ema_prior_ns=np.asarray(col["ema_prior_ns"]), dvfs=col["dvfs"],
-                      dvfs_step=self.dvfs_step, cta_slots=self.cta_slots)
+                      dvfs_step=self.dvfs_step, cta_slots=self.cta_slots, max_ctas=self.max_ctas)
         if self.mesh is None:
             with jax.default_device(self.devices[0]):
                 result = simulate_batch(*args, **kwargs)
@@ -857,7 +857,7 @@ def _extra_shape(sweep: Sweep, extra: tuple[str, ...]) -> tuple[int, ...]:
 def run(sweep: Sweep, progress: Callable[[int, int, float], None] | None = None, *,
         devices: Sequence | None = None, chunk: int | None = None) -> xr.Dataset:
     """Run every configuration in chunks and return the dataset (in memory, no store)."""
-    runner = Runner(devices, uses_dvfs(sweep), sweep.max_cta_slots)
+    runner = Runner(devices, uses_dvfs(sweep), sweep.max_cta_slots, sweep.max_grid_ctas)
     layout = make_layout(sweep, chunk or sweep.chunk or auto_chunk(sweep, runner.devices))
     arrays = _unfilled(sweep, layout.shape)
     batch = runner.batch_size(layout.chunk_size)
@@ -1022,7 +1022,7 @@ def execute(
     out = Path(out)
     store = out / STORE
     rank, n_proc = jax.process_index(), jax.process_count()
-    runner = Runner(devices, uses_dvfs(sweep), sweep.max_cta_slots)
+    runner = Runner(devices, uses_dvfs(sweep), sweep.max_cta_slots, sweep.max_grid_ctas)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         keep = False

@@ -201,3 +201,18 @@ def test_a_sweep_compiles_the_dvfs_step_in_when_any_configuration_has_dvfs(modes
     DVFS modes differ between chunks still compiles once."""
     grid = '"policy.warp" = ["lrr", "gto"]\n' + (f'"dvfs.mode" = {modes}\n' if modes else "")
     assert sweep.uses_dvfs(sweep.loads(tiny_sweep_spec("dvfs", 1, grid))) is expected
+
+
+def test_grid_sweep_pads_every_chunk_to_the_sweep():
+    """Chunks of different grids share the sweep's CTA-trace length and CTA slots: one compilation,
+    and a chunk of small grids fits the dataset's `cta` dimension (it did not before)."""
+    from jaxsched.engine import run as engine_run
+
+    spec = sweep.loads(tiny_sweep_spec("grid", 1, "\"kernel.grid\" = [10, 40]\n", top="chunk = 2\ncta_trace = true\n"))
+    before = engine_run._compiled._cache_size()
+    ds = sweep.run(spec)
+    assert engine_run._compiled._cache_size() - before <= 1
+    assert ds.sizes["cta"] == 40
+    ran = (ds["cta_sm"] >= 0).sum("cta")
+    np.testing.assert_array_equal(ran.sel(kernel_grid=10), 10)
+    np.testing.assert_array_equal(ran.sel(kernel_grid=40), 40)

@@ -357,6 +357,7 @@ def simulate_batch(
     max_ticks: int = MAX_TICKS,
     dvfs_step: bool | None = None,
     cta_slots: int | None = None,
+    max_ctas: int | None = None,
 ) -> Result:
     """Simulate N configurations in one vmapped call (one compilation for equal static shapes).
 
@@ -368,7 +369,9 @@ def simulate_batch(
     step in (True) or out (False: every configuration must have DVFS off); None decides by the
     batch. A sweep passes True when any of its configurations has DVFS on, so that its chunks
     share one compilation. `cta_slots` sizes the per-SM CTA-slot arrays at least this large
-    (default: the batch's largest occupancy); a sweep passes its largest, for the same reason.
+    (default: the batch's largest occupancy), and `max_ctas` the per-CTA trace (default: the
+    batch's largest grid); a sweep passes its largest of each, for the same reason and so that
+    every chunk's trace has the sweep's length.
     """
     n = len(archs)
     check(len(kernels) == n and len(clocks) == n, "batch", (n, len(kernels), len(clocks)),
@@ -384,7 +387,10 @@ def simulate_batch(
     dvfs_list = [None] * n if dvfs is None else list(dvfs)
     check(len(dvfs_list) == n, "dvfs", len(dvfs_list), f"one entry per configuration ({n})")
     dvfs_stack = stack([_dvfs_input(a, d) for a, d in zip(archs, dvfs_list)])
-    shapes = dataclasses.replace(shape_list[0], max_ctas=max(s.max_ctas for s in shape_list),
+    longest = max(s.max_ctas for s in shape_list)
+    check(max_ctas is None or (isinstance(max_ctas, (int, np.integer)) and longest <= max_ctas < 2**31),
+          "max_ctas", max_ctas, f"an integer of at least {longest} (the batch's largest grid)")
+    shapes = dataclasses.replace(shape_list[0], max_ctas=longest if max_ctas is None else int(max_ctas),
                                  cta_slots=most_slots if cta_slots is None else int(cta_slots),
                                  trace_len=_trace_len(trace_len), dvfs=_dvfs_step(dvfs_stack, dvfs_step))
     as_i32 = lambda v: np.broadcast_to(np.asarray(v, dtype=np.int32), (n,))  # noqa: E731
