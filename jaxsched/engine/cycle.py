@@ -205,8 +205,9 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -
     cycles = edge.astype(jnp.int64)
     # The issuing warps were eligible (`not selected` in the status); they count as `selected`.
     hist = reason_histogram(st.reason, shapes)
+    per_sm = jnp.sum(hist, axis=1)
     moved = jnp.sum(has, axis=1, dtype=jnp.int64) * jnp.int64((1 << 7 * SELECTED) - (1 << 7 * NOT_SELECTED))
-    active_warps = warps_counted(jnp.sum(hist, axis=1))
+    active_warps = warps_counted(per_sm)
     end_ids = jnp.where(complete, state.cta_id, shapes.max_ctas)  # out of range: dropped
     counters = replace(
         counters,
@@ -216,7 +217,7 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -
         sm_issued_op=counters.sm_issued_op + _count_ops(op_s, has),
         sm_active_lanes=counters.sm_active_lanes + jnp.sum(jnp.where(has, active_lanes, 0), axis=1, dtype=jnp.int64),
         sm_warp_cycles=counters.sm_warp_cycles + cycles * active_warps,
-        sm_stalls=counters.sm_stalls + count_reasons(jnp.sum(hist, axis=1) + moved, edge),
+        sm_stalls=counters.sm_stalls + count_reasons(per_sm + moved, edge),
         cta_end_tick=counters.cta_end_tick.at[end_ids.reshape(-1)].set(k, mode="drop"),
         sm_items=counters.sm_items + jnp.sum(take, axis=1, dtype=jnp.int64),
     )

@@ -79,7 +79,8 @@ def skip_to_next_event(
     skipped = nxt - k - 1
 
     cycles, acc = cycles_in_ticks(state, launch, skipped)
-    active_warps = warps_counted(jnp.sum(hist, axis=1))
+    per_sm = jnp.sum(hist, axis=1)
+    active_warps = warps_counted(per_sm)
     weight = cycles.astype(jnp.int64)
     counters = state.counters
     counters = replace(
@@ -87,7 +88,7 @@ def skip_to_next_event(
         sm_cycles=counters.sm_cycles + weight,
         sm_busy_cycles=counters.sm_busy_cycles + weight * (active_warps > 0),
         sm_warp_cycles=counters.sm_warp_cycles + weight * active_warps,
-        sm_stalls=counters.sm_stalls + count_reasons(jnp.sum(hist, axis=1), cycles),
+        sm_stalls=counters.sm_stalls + count_reasons(per_sm, cycles),
     )
     drained = jnp.minimum(skipped + 1, 1 << 20) * QUEUE_ONE_TICK
     return replace(

@@ -34,6 +34,7 @@ class Launches(eqx.Module):
     """Per-launch tables (leading axis `launch`) and the workload's integers."""
 
     instructions: Int[Array, "launch instr 8"]  # instruction_table of each launch
+    op_dep: Int[Array, "launch instr"]  # `op << 1 | dep`: all the per-slot status reads
     loop_start: Int[Array, " launch"]
     loop_end: Int[Array, " launch"]
     branch_start: Int[Array, " launch"]
@@ -60,8 +61,10 @@ def _cta_launch(cta_base: Int[Array, " launch"], n_ctas: Int[Array, " launch"], 
 def make_launches(per: Launch, work: WorkloadLaunch, shapes: Shapes) -> Launches:
     """`per`: the launches' own lowerings stacked on a leading axis (`lower.lower` of each
     kernel at the same tick rate); `work`: the workload-level lowering."""
+    instructions = jax.vmap(instruction_table)(per)
     return Launches(
-        instructions=jax.vmap(instruction_table)(per),
+        instructions=instructions,
+        op_dep=(instructions[..., 0] << 1) | instructions[..., 1],
         loop_start=per.loop_start,
         loop_end=per.loop_end,
         branch_start=per.branch_start,
@@ -117,9 +120,9 @@ def op_and_dep(
     launches: Launches, warp_launch: Int[Array, "sm warp"], pc: Int[Array, "sm warp"]
 ) -> tuple[Int[Array, "sm warp"], Bool[Array, "sm warp"]]:
     """The op class and dependency bit at each warp's pc: the only instruction fields the
-    per-slot status needs, gathered from one narrow table `op << 1 | dep`."""
-    narrow = (launches.instructions[..., 0] << 1) | launches.instructions[..., 1]
-    code = narrow[0][pc] if narrow.shape[0] == 1 else narrow[warp_launch, pc]
+    per-slot status needs, gathered from the narrow table `Launches.op_dep`."""
+    table = launches.op_dep
+    code = table[0][pc] if table.shape[0] == 1 else table[warp_launch, pc]
     return code >> 1, (code & 1) > 0
 
 

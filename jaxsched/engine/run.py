@@ -381,17 +381,14 @@ def simulate_batch(
     check(len(shape_set) == 1, "batch", sorted(shape_set),
           "every configuration needs the same SM slots, warp slots, schedulers, program length and number "
           "of launches (pad programs with make_kernel(pad_to=...))")
-    most_slots = max(s.cta_slots for s in shape_list)
-    check(cta_slots is None or (isinstance(cta_slots, (int, np.integer)) and most_slots <= cta_slots <= 1024),
-          "cta_slots", cta_slots, f"an integer in {most_slots} (the batch's largest occupancy) .. 1024")
     dvfs_list = [None] * n if dvfs is None else list(dvfs)
     check(len(dvfs_list) == n, "dvfs", len(dvfs_list), f"one entry per configuration ({n})")
     dvfs_stack = stack([_dvfs_input(a, d) for a, d in zip(archs, dvfs_list)])
-    longest = max(s.max_ctas for s in shape_list)
-    check(max_ctas is None or (isinstance(max_ctas, (int, np.integer)) and longest <= max_ctas < 2**31),
-          "max_ctas", max_ctas, f"an integer of at least {longest} (the batch's largest grid)")
-    shapes = dataclasses.replace(shape_list[0], max_ctas=longest if max_ctas is None else int(max_ctas),
-                                 cta_slots=most_slots if cta_slots is None else int(cta_slots),
+    shapes = dataclasses.replace(shape_list[0],
+                                 max_ctas=_padded("max_ctas", max_ctas, [s.max_ctas for s in shape_list], "grid",
+                                                  2**31 - 1),
+                                 cta_slots=_padded("cta_slots", cta_slots, [s.cta_slots for s in shape_list],
+                                                   "occupancy", 1024),
                                  trace_len=_trace_len(trace_len), dvfs=_dvfs_step(dvfs_stack, dvfs_step))
     as_i32 = lambda v: np.broadcast_to(np.asarray(v, dtype=np.int32), (n,))  # noqa: E731
     weights = [None] * n if dispatch_weight is None else list(dispatch_weight)
@@ -406,6 +403,14 @@ def simulate_batch(
         result = jax.device_get(result)
     _check_done(result, max_ticks)
     return result
+
+
+def _padded(field: str, given: int | None, sizes: list[int], what: str, most: int) -> int:
+    """A size the batch pads to: `given`, which must cover every configuration, else the largest."""
+    need = max(sizes)
+    check(given is None or (isinstance(given, (int, np.integer)) and need <= given <= most), field, given,
+          f"an integer in {need} (the batch's largest {what}) .. {most}")
+    return need if given is None else int(given)
 
 
 def dataclass_key(shapes: Shapes) -> tuple[int, ...]:
