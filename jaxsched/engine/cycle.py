@@ -18,8 +18,9 @@ from .launch_credit import collect, has_free_slot, starved_schedulers
 from .launches import Launches, instruction_fields, per_launch_sum, update_ready, warp_program
 from .materialize import once
 from .state import N_PIPES, State
-from .status import (INF, NOT_SELECTED, SELECTED, WarpStatus, count_reasons, per_warp, reason_histogram,
-                     warp_status, warps_counted)
+from .slots import by_scheduler, hardware_slot, per_warp, q_index
+from .status import (INF, NOT_SELECTED, SELECTED, WarpStatus, count_reasons, per_sm_counts, reason_histogram,
+                     warp_status)
 from .variation import resolve_pc
 
 LRR, GTO, OLDEST = 0, 1, 2
@@ -36,8 +37,8 @@ def select(
     state: State, launch: Launch, shapes: Shapes, st: WarpStatus, edge: Bool[Array, " sm"]
 ) -> tuple[Bool[Array, "sm warp"], Bool[Array, "sm sched"], Int[Array, "sm sched"]]:
     """Each scheduler picks at most one eligible warp by the warp policy (minimum key)."""
-    n_q, n_j = shapes.warps_per_scheduler, shapes.schedulers
-    q = jnp.arange(shapes.warp_slots, dtype=jnp.int32) // n_j
+    n_q = shapes.warps_per_scheduler
+    q = q_index(shapes)
     last = per_warp(state.last, shapes)
     key = jnp.select(
         [launch.warp_policy == LRR, launch.warp_policy == GTO],
@@ -45,18 +46,16 @@ def select(
         state.warps.age,
     )
     candidate = st.eligible & edge[:, None]
-    masked = jnp.where(candidate, key, INF).reshape(-1, n_q, n_j)
-    q_sel = jnp.argmin(masked, axis=1).astype(jnp.int32)
-    has = jnp.any(candidate.reshape(-1, n_q, n_j), axis=1)
-    sel = (jnp.arange(n_q, dtype=jnp.int32)[None, :, None] == q_sel[:, None, :]) & has[:, None, :]
-    return sel.reshape(-1, shapes.warp_slots), has, q_sel
+    q_sel = jnp.argmin(by_scheduler(jnp.where(candidate, key, INF), shapes), axis=2).astype(jnp.int32)
+    has = jnp.any(by_scheduler(candidate, shapes), axis=2)
+    sel = (q[None, :] == per_warp(q_sel, shapes)) & per_warp(has, shapes)
+    return sel, has, q_sel
 
 
 def _of_selected(x: Array, q_sel: Int[Array, "sm sched"], shapes: Shapes) -> Array:
     """The selected warp's value of a per-slot array, per scheduler: [sm, warp] -> [sm, sched]
     (a scheduler without an issue reads its slot q = 0; callers mask by `has`)."""
-    grouped = x.reshape(-1, shapes.warps_per_scheduler, shapes.schedulers)
-    return jnp.take_along_axis(grouped, q_sel[:, None, :], axis=1)[:, 0, :]
+    return jnp.take_along_axis(by_scheduler(x, shapes), q_sel[:, :, None], axis=2)[:, :, 0]
 
 
 def _per_cta(x: Int[Array, "sm sched"], cta_of_sel: Int[Array, "sm sched"], shapes: Shapes) -> Int[Array, "sm cta"]:
@@ -173,7 +172,7 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -
     occupied = state.cta_id >= 0
     release = occupied & (cta_arrived == cta_live) & (cta_arrived > 0)
     complete = occupied & (cta_live == 0)
-    cta_of_warp = jnp.minimum(jnp.arange(shapes.warp_slots, dtype=jnp.int32) // launch.warps_per_cta, shapes.cta_slots - 1)
+    cta_of_warp = jnp.minimum(hardware_slot(shapes) // launch.warps_per_cta, shapes.cta_slots - 1)
 
     # What the selected warps write back, per scheduler, computed once (`materialize`).
     upd = once(dict(
@@ -205,9 +204,9 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -
     cycles = edge.astype(jnp.int64)
     # The issuing warps were eligible (`not selected` in the status); they count as `selected`.
     hist = reason_histogram(st.reason, shapes)
-    per_sm = jnp.sum(hist, axis=1)
-    moved = jnp.sum(has, axis=1, dtype=jnp.int64) * jnp.int64((1 << 7 * SELECTED) - (1 << 7 * NOT_SELECTED))
-    active_warps = warps_counted(per_sm)
+    n_issued = jnp.sum(has, axis=1, dtype=jnp.int32)
+    counts = per_sm_counts(hist).at[:, SELECTED].add(n_issued).at[:, NOT_SELECTED].add(-n_issued)
+    active_warps = jnp.sum(counts, axis=1)
     end_ids = jnp.where(complete, state.cta_id, shapes.max_ctas)  # out of range: dropped
     counters = replace(
         counters,
@@ -217,7 +216,7 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -
         sm_issued_op=counters.sm_issued_op + _count_ops(op_s, has),
         sm_active_lanes=counters.sm_active_lanes + jnp.sum(jnp.where(has, active_lanes, 0), axis=1, dtype=jnp.int64),
         sm_warp_cycles=counters.sm_warp_cycles + cycles * active_warps,
-        sm_stalls=counters.sm_stalls + count_reasons(per_sm + moved, edge),
+        sm_stalls=counters.sm_stalls + count_reasons(counts, edge),
         cta_end_tick=counters.cta_end_tick.at[end_ids.reshape(-1)].set(k, mode="drop"),
         sm_items=counters.sm_items + jnp.sum(take, axis=1, dtype=jnp.int64),
     )

@@ -26,6 +26,7 @@ from ..lower import Launch, Shapes
 from .launch_credit import can_launch
 from .launches import Launches, head_launch, warp_program
 from .materialize import when
+from .slots import hardware_slot
 from .state import INF, State, Warps
 from .variation import resolve_pc, warp_variation
 
@@ -214,7 +215,7 @@ def _launch_warps(
     """Start the warps of the CTAs placed in this tick (`new`), and count per SM the work items
     their warps took (persistent kernels). Slot w belongs to CTA slot w // W, warp w mod W."""
     n_w = launch.warps_per_cta
-    slot = jnp.arange(shapes.warp_slots, dtype=jnp.int32)
+    slot = hardware_slot(shapes)
     j_of = jnp.minimum(slot // n_w, shapes.cta_slots - 1)
     warp = jnp.clip(slot - j_of * n_w, 0, 31)
     fresh = new[:, j_of] & (slot < shapes.cta_slots * n_w)[None, :]

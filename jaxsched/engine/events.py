@@ -19,7 +19,7 @@ from .launch_credit import collect, cycles_to_full, has_free_slot, starved_sched
 from .launches import Launches, next_ready_tick
 from .power import next_dvfs_event
 from .state import State
-from .status import INF, count_reasons, reason_histogram, warp_status, warps_counted
+from .status import INF, count_reasons, per_sm_counts, reason_histogram, warp_status
 
 _MAX_AHEAD_CYCLES = 1 << 17  # x MAX_MHZ stays in int32; a farther event just comes early
 
@@ -79,8 +79,8 @@ def skip_to_next_event(
     skipped = nxt - k - 1
 
     cycles, acc = cycles_in_ticks(state, launch, skipped)
-    per_sm = jnp.sum(hist, axis=1)
-    active_warps = warps_counted(per_sm)
+    counts = per_sm_counts(hist)
+    active_warps = jnp.sum(counts, axis=1)
     weight = cycles.astype(jnp.int64)
     counters = state.counters
     counters = replace(
@@ -88,7 +88,7 @@ def skip_to_next_event(
         sm_cycles=counters.sm_cycles + weight,
         sm_busy_cycles=counters.sm_busy_cycles + weight * (active_warps > 0),
         sm_warp_cycles=counters.sm_warp_cycles + weight * active_warps,
-        sm_stalls=counters.sm_stalls + count_reasons(per_sm, cycles),
+        sm_stalls=counters.sm_stalls + count_reasons(counts, cycles),
     )
     drained = jnp.minimum(skipped + 1, 1 << 20) * QUEUE_ONE_TICK
     return replace(

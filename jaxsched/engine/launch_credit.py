@@ -16,16 +16,17 @@ from jaxtyping import Array, Bool, Int
 
 from ..lower import Launch, Shapes
 from .state import State
-from .status import MIO_THROTTLE, NOT_SELECTED, PIPE_THROTTLE
+from .status import MIO_THROTTLE, NOT_SELECTED, PIPE_THROTTLE, field_mask
 
 # The reasons of a warp that is eligible or throttled; every other reason (or an empty slot) idles.
-_BUSY = sum(127 << (7 * r) for r in (NOT_SELECTED, MIO_THROTTLE, PIPE_THROTTLE))
+_BUSY = field_mask((NOT_SELECTED, MIO_THROTTLE, PIPE_THROTTLE))
 
 
-def starved_schedulers(hist: Int[Array, "sm sched"]) -> Int[Array, " sm"]:
+def starved_schedulers(hist: Int[Array, "sm sched word"]) -> Int[Array, " sm"]:
     """Per SM, the schedulers none of whose active warps is eligible or throttled, from the
     packed start-of-cycle reason histogram (`status.reason_histogram`)."""
-    return jnp.sum((hist & jnp.int64(_BUSY)) == 0, axis=1, dtype=jnp.int32)
+    idle = jnp.all((hist & jnp.int32(_BUSY)) == 0, axis=2)
+    return jnp.sum(idle, axis=1, dtype=jnp.int32)
 
 
 def has_free_slot(state: State, launch: Launch, shapes: Shapes) -> Bool[Array, " sm"]:

@@ -1,7 +1,8 @@
 """The JAX engine's evolving state: SMs, warp slots, CTA slots, chip queues, counters.
 
 Shapes are static (`lower.Shapes`): `sm` SM slots, `warp` warp slots per SM (slot `4q + j`
-belongs to scheduler `j`), `cta` CTA slots per SM, `grid` the per-CTA trace length.
+belongs to scheduler `j` and is held at position `j * n_q + q`: `slots.py`), `cta` CTA slots
+per SM, `grid` the per-CTA trace length.
 """
 
 from __future__ import annotations

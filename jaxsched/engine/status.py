@@ -14,6 +14,7 @@ from jaxtyping import Array, Bool, Int
 from ..isa import Op
 from ..lower import Launch, Shapes
 from .launches import Launches, op_and_dep
+from .slots import by_scheduler, per_warp
 from .state import INF, N_PIPES, State
 
 # Stall-reason codes (index into state.STALL_REASONS); -1 marks an empty or exited slot.
@@ -29,13 +30,6 @@ class WarpStatus(NamedTuple):
     reason: Int[Array, "sm warp"]  # stall reason if it does not issue; -1 if no warp
     clear_cycle: Int[Array, "sm warp"]  # earliest cycle a cycle-counted block clears (INF: none)
     clear_tick: Int[Array, "sm warp"]  # tick the long scoreboard clears (INF: not blocked)
-
-
-def per_warp(x: Array, shapes: Shapes) -> Array:
-    """Broadcast a per-scheduler value [sm, sched] to the warp slots [sm, warp] (slot 4q + j)."""
-    n_sm = x.shape[0]
-    return jnp.broadcast_to(x[:, None, :], (n_sm, shapes.warps_per_scheduler, shapes.schedulers)).reshape(
-        n_sm, shapes.warp_slots)
 
 
 def warp_status(
@@ -86,26 +80,41 @@ def warp_status(
     return WarpStatus(eligible=eligible, reason=reason, clear_cycle=clear, clear_tick=clear_tick)
 
 
-def reason_histogram(reason: Int[Array, "sm warp"], shapes: Shapes) -> Int[Array, "sm sched"]:
+_BITS = 4  # per counter of a packed histogram word
+
+
+def _warps_per_word(shapes: Shapes) -> int:
+    """The most warps of one scheduler a packed word counts: a divisor of its warps, at most 15,
+    so that no 4-bit counter overflows."""
+    return max(d for d in range(1, 16) if shapes.warps_per_scheduler % d == 0)
+
+
+def reason_histogram(reason: Int[Array, "sm warp"], shapes: Shapes) -> Int[Array, "sm sched word"]:
     """Per scheduler, how many of its warps hold each stall reason, packed: one pass instead of
-    one per reason and per use (the stall counters and launch-credit starvation both read it).
-    Each warp adds 1 << (7 * reason) to an int64 that holds eight 7-bit counters (at most 127
-    warps per SM, so no field overflows); empty slots add 0. `unpack` reads it."""
-    one = jnp.int64(1)
-    bits = jnp.where(reason >= 0, one << (7 * jnp.maximum(reason, 0)).astype(jnp.int64), 0)
-    return jnp.sum(bits.reshape(-1, shapes.warps_per_scheduler, shapes.schedulers), axis=1)
+    one per reason and per use (the stall counters, the active-warp count and launch-credit
+    starvation all read it). A warp's status is never `selected` (0), so each warp with a reason
+    r >= 1 adds 1 << 4 (r - 1) to an int32 word of seven 4-bit counters; empty slots add 0. A
+    word counts at most 15 warps of one scheduler (`_warps_per_word`), so a scheduler has one
+    word or several. int32 rather than one int64 word per SM: GPUs emulate 64-bit shifts and
+    adds. `per_sm_counts` and `launch_credit.starved_schedulers` read it."""
+    bits = jnp.where(reason > 0, jnp.int32(1) << (_BITS * jnp.maximum(reason - 1, 0)), 0)
+    grouped = by_scheduler(bits, shapes)
+    return jnp.sum(grouped.reshape(*grouped.shape[:2], -1, _warps_per_word(shapes)), axis=3, dtype=jnp.int32)
 
 
-def unpack(packed: Int[Array, "*n"]) -> Int[Array, "*n 8"]:
-    """The eight counters of a packed reason histogram."""
-    return (packed[..., None] >> (7 * jnp.arange(8, dtype=jnp.int64))) & 127
+def field_mask(reasons: tuple[int, ...]) -> int:
+    """The bits of a packed histogram word that count `reasons` (each >= 1)."""
+    return sum(((1 << _BITS) - 1) << (_BITS * (r - 1)) for r in reasons)
 
 
-def warps_counted(packed: Int[Array, " sm"]) -> Int[Array, " sm"]:
-    """The warps a packed per-SM histogram counts: every active warp has a reason."""
-    return jnp.sum(unpack(packed), axis=-1).astype(jnp.int32)
+def per_sm_counts(packed: Int[Array, "sm sched word"]) -> Int[Array, "sm 8"]:
+    """Per SM, the warps holding each stall reason (index 0, `selected`, is 0: the caller moves
+    the issuing warps there)."""
+    fields = (packed[..., None] >> (_BITS * jnp.arange(7, dtype=jnp.int32))) & ((1 << _BITS) - 1)
+    counts = jnp.sum(fields, axis=(1, 2), dtype=jnp.int32)
+    return jnp.concatenate([jnp.zeros_like(counts[:, :1]), counts], axis=1)
 
 
-def count_reasons(packed: Int[Array, " sm"], weight: Int[Array, " sm"]) -> Int[Array, "sm 8"]:
-    """Per-SM stall-reason counts of a packed per-SM histogram, times `weight` cycles."""
-    return unpack(packed) * weight.astype(jnp.int64)[:, None]
+def count_reasons(counts: Int[Array, "sm 8"], weight: Int[Array, " sm"]) -> Int[Array, "sm 8"]:
+    """Per-SM stall-reason counts times `weight` cycles, int64."""
+    return counts.astype(jnp.int64) * weight.astype(jnp.int64)[:, None]
