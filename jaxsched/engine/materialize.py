@@ -10,6 +10,11 @@ per-scheduler value read by the 16 warp slots of its scheduler) recomputes the p
 expression per slot. `jax.lax.optimization_barrier` does not stop this: XLA expands it before
 fusion. Values that leave a loop are materialised, so `once` computes through a one-trip loop
 whose trip count XLA cannot prove (benchmarks/RESULTS.md, "Where the time goes").
+
+Both tools pay on the CPU only. On a GPU the loops' carry copies cost more than they save: in
+the large batches a GPU runs, some configuration nearly always needs `when`'s work, and the
+GPU's fusions recompute less than the CPU's (RESULTS.md, sessions 9 and 10). There both
+compute directly.
 """
 
 from __future__ import annotations
@@ -23,17 +28,18 @@ from jaxtyping import Array, Bool, Int
 T = TypeVar("T")
 
 
+def _loops_pay() -> bool:
+    """Whether the loop forms pay on this backend: on the CPU only (module docstring)."""
+    return jax.default_backend() == "cpu"
+
+
 def when(pred: Bool[Array, ""], fn: Callable[..., T], x: T, *args) -> T:
     """`fn(x, *args)`, where `fn` must return `x` unchanged when `pred` is false: this only
     skips work. On CPU, `fn` runs (for all) only if some configuration's `pred` holds. XLA
     hoists what does not depend on the loop out of it (and would then run it every time), so
     `args` reach `fn` tied to the loop's trip flag: pass the small arrays the expensive part
-    is computed from.
-
-    On GPU `fn` always runs, fused into the step's other kernels: in the large batches a GPU
-    runs, some configuration nearly always needs it, and the loop's carry copies then cost
-    more than they save (benchmarks/RESULTS.md)."""
-    if jax.default_backend() != "cpu":
+    is computed from. Off the CPU `fn` always runs (module docstring)."""
+    if not _loops_pay():
         return fn(x, *args)
 
     def body(carry: tuple[Array, T]) -> tuple[Array, T]:
@@ -46,7 +52,10 @@ def when(pred: Bool[Array, ""], fn: Callable[..., T], x: T, *args) -> T:
 
 def once(values: T, one: Int[Array, ""]) -> T:
     """`values`, materialised (see the module docstring). `one` must be a traced int32 equal to
-    1: the caller's proof that the loop makes its one trip, which XLA cannot see."""
+    1: the caller's proof that the loop makes its one trip, which XLA cannot see. Off the CPU
+    `values` are returned as they are (module docstring)."""
+    if not _loops_pay():
+        return values
 
     def body(carry: tuple[Array, T]) -> tuple[Array, T]:
         return carry[0] + 1, values
