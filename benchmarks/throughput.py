@@ -25,7 +25,7 @@ import numpy as np
 
 import jaxsched as js
 from jaxsched import clocks, dvfs, reference
-from jaxsched.engine.run import MAX_TICKS, _compiled, stack
+from jaxsched.engine.run import MAX_TICKS, _compiled, default_chunk, stack
 from jaxsched.lower import shapes_for
 from jaxsched.kernel import make_kernel
 
@@ -69,8 +69,9 @@ def main() -> None:
     with jax.enable_x64(True):
         t0 = time.perf_counter()
         shapes = dataclasses.replace(shapes_for(arch, kernel), dvfs=args.dvfs)  # as simulate_batch decides
+        chunk = default_chunk(shapes)  # as simulate_batch decides
         compiled = _compiled.lower(*inputs, shapes=shapes, max_ticks=MAX_TICKS,
-                                   batched=True).compile()
+                                   batched=True, chunk=chunk).compile()
         compile_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
         result = jax.device_get(compiled(*inputs))
@@ -80,6 +81,7 @@ def main() -> None:
         "device": str(jax.devices()[0].device_kind),
         "platform": jax.default_backend(),
         "batch": n,
+        "chunk": chunk,  # configurations per vmapped chunk (None: all at once)
         "sm_count": arch.sm_count,
         "ctas_per_config": int(kernel.grid_ctas),
         "loop_trips": args.trips,

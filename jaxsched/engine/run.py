@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Sequence
+from typing import Callable, Sequence
 
 import equinox as eqx
 import jax
@@ -229,10 +229,42 @@ def _run_config(
     )
 
 
-@functools.partial(jax.jit, static_argnames=("shapes", "max_ticks", "batched"))
-def _compiled(*config, shapes: Shapes, max_ticks: int, batched: bool):
+# Configurations x SM slots x warp slots per vmapped chunk on the CPU: a step reads and writes
+# some thirty [configuration, SM, warp] arrays, and past the last-level cache the CPU waits on
+# memory. 16 H200 configurations keep them within a 32 MiB L3 (benchmarks/RESULTS.md, session 10).
+_CPU_CHUNK_WARP_SLOTS = 16 * 144 * 64
+
+
+def default_chunk(shapes: Shapes) -> int | None:
+    """Configurations per vmapped chunk: on the CPU as many as keep a step's arrays in cache,
+    elsewhere the whole batch (None)."""
+    if jax.default_backend() != "cpu":
+        return None
+    return max(1, _CPU_CHUNK_WARP_SLOTS // (shapes.n_sm * shapes.warp_slots))
+
+
+def _in_chunks(fn: Callable[..., Result], config: tuple, chunk: int) -> Result:
+    """`vmap(fn)` over the leading axis of `config`, `chunk` configurations at a time (one
+    `lax.map` step each). The last chunk is padded with copies of the first configuration,
+    whose results are dropped."""
+    n = jax.tree.leaves(config)[0].shape[0]
+    n_chunks = -(-n // chunk)
+    pad = n_chunks * chunk - n
+    grouped = jax.tree.map(lambda x: jnp.concatenate([x, jnp.repeat(x[:1], pad, axis=0)]).reshape(
+        n_chunks, chunk, *x.shape[1:]), config)
+    out = jax.lax.map(lambda c: jax.vmap(fn)(*c), grouped)
+    return jax.tree.map(lambda y: y.reshape(n_chunks * chunk, *y.shape[2:])[:n], out)
+
+
+@functools.partial(jax.jit, static_argnames=("shapes", "max_ticks", "batched", "chunk"))
+def _compiled(*config, shapes: Shapes, max_ticks: int, batched: bool, chunk: int | None = None):
+    """One configuration, or (`batched`) a stack of them, `chunk` at a time (None: all at once)."""
     fn = functools.partial(_run_config, shapes=shapes, max_ticks=max_ticks)
-    return jax.vmap(fn)(*config) if batched else fn(*config)
+    if not batched:
+        return fn(*config)
+    if chunk is not None and jax.tree.leaves(config)[0].shape[0] > chunk:
+        return _in_chunks(fn, config, chunk)
+    return jax.vmap(fn)(*config)
 
 
 def _dispatch_inputs(arch: Arch, clocks: Clocks, weight, alpha: float, prior_ns: float) -> tuple:
@@ -358,6 +390,7 @@ def simulate_batch(
     dvfs_step: bool | None = None,
     cta_slots: int | None = None,
     max_ctas: int | None = None,
+    chunk: int | None = None,
 ) -> Result:
     """Simulate N configurations in one vmapped call (one compilation for equal static shapes).
 
@@ -371,7 +404,9 @@ def simulate_batch(
     share one compilation. `cta_slots` sizes the per-SM CTA-slot arrays at least this large
     (default: the batch's largest occupancy), and `max_ctas` the per-CTA trace (default: the
     batch's largest grid); a sweep passes its largest of each, for the same reason and so that
-    every chunk's trace has the sweep's length.
+    every chunk's trace has the sweep's length. `chunk` runs the batch that many configurations
+    at a time in one compiled call (default `default_chunk`: on the CPU, as many as keep a
+    step's arrays in cache; elsewhere all at once); results do not depend on it.
     """
     n = len(archs)
     check(len(kernels) == n and len(clocks) == n, "batch", (n, len(kernels), len(clocks)),
@@ -390,6 +425,9 @@ def simulate_batch(
                                  cta_slots=_padded("cta_slots", cta_slots, [s.cta_slots for s in shape_list],
                                                    "occupancy", 1024),
                                  trace_len=_trace_len(trace_len), dvfs=_dvfs_step(dvfs_stack, dvfs_step))
+    check(chunk is None or (isinstance(chunk, (int, np.integer)) and 1 <= chunk <= 2**31 - 1), "chunk", chunk,
+          "an integer in 1 .. 2^31 - 1, or None")
+    chunk = default_chunk(shapes) if chunk is None else int(chunk)
     as_i32 = lambda v: np.broadcast_to(np.asarray(v, dtype=np.int32), (n,))  # noqa: E731
     weights = [None] * n if dispatch_weight is None else list(dispatch_weight)
     alphas = np.broadcast_to(np.asarray(ema_alpha, dtype=np.float32), (n,))
@@ -399,7 +437,7 @@ def simulate_batch(
     with jax.enable_x64(True):
         result = _compiled(stack(archs), stack(kernels), stack(clocks), as_i32(warp_policy),
                            as_i32(dispatch), as_i32(dispatch_start), *extra, dvfs_stack, shapes=shapes,
-                           max_ticks=max_ticks, batched=True)
+                           max_ticks=max_ticks, batched=True, chunk=chunk)
         result = jax.device_get(result)
     _check_done(result, max_ticks)
     return result

@@ -1,0 +1,33 @@
+"""A batch run in chunks (simulate_batch's `chunk`, on the CPU by default) gives every
+configuration the results of the batch run at once, bit for bit, including a padded last chunk."""
+
+import numpy as np
+import pytest
+from helpers import small_arch
+
+import jaxsched as js
+from jaxsched import clocks
+from jaxsched.errors import JaxschedError
+
+PROGRAM = "loop 3 cta_spread=2\n ldg bytes=128\n fma dep\nend\nbar\n"
+
+
+def _batch(**kwargs):
+    arch = small_arch()
+    kernels = [js.make_kernel(PROGRAM, grid=g, threads=128, regs=32) for g in (9, 14, 20, 6, 11)]
+    clk = [clocks.from_array(arch, np.linspace(1300 + 50 * i, 1900, arch.n_sm_slots)) for i in range(5)]
+    return js.simulate_batch([arch] * 5, kernels, clk, [0, 1, 2, 1, 0], [0, 1, 4, 0, 3], [0, 2, 0, 1, 0],
+                             **kwargs)
+
+
+def test_chunks_change_no_result():
+    whole, chunked = _batch(chunk=5), _batch(chunk=2)
+    for name, value in vars(whole).items():
+        if hasattr(value, "shape"):
+            np.testing.assert_array_equal(np.asarray(getattr(chunked, name)), np.asarray(value), err_msg=name)
+
+
+@pytest.mark.parametrize("chunk", [0, -1, 2.5])
+def test_bad_chunk_is_refused(chunk):
+    with pytest.raises(JaxschedError, match="chunk"):
+        _batch(chunk=chunk)
