@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import equinox as eqx
 import jax
@@ -29,11 +29,11 @@ from ..lower import (DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, po
                      validate, validate_dispatch)
 from ..workload import Workload
 from .cycle import run_tick
-from .dispatch import dispatch, variation_tables
+from .dispatch import Variation, dispatch, variation_tables
 from .events import skip_to_next_event
 from .grid_barrier import grid_barrier
 from .launches import Launches, initial_ready, make_launches, single
-from .power import domains, dvfs_step, final_outputs, initial_dvfs
+from .power import Domains, domains, dvfs_step, final_outputs, initial_dvfs
 from .prepare import WorkloadInput, prepare_workload, workload_shapes
 from .state import STALL_REASONS, State, initial_state
 
@@ -128,36 +128,79 @@ class Result(eqx.Module):
         return (np.asarray(self.kernel_end_tick) + 1) * 1000.0 / np.asarray(self.tick_mhz)[..., None]
 
 
-def run_launch(
-    launch: Launch, shapes: Shapes, max_ticks: int, per: Launch | None = None, launches: Launches | None = None
-) -> State:
-    """The event loop of one configuration (vmappable). `launch` holds what every launch shares
-    (and `n_ctas`, all launches' CTAs); a workload adds `per`, its launches' own lowerings
-    stacked on a leading axis, and `launches`, their tables. Without them `launch` is the only
-    launch, without launch overhead."""
+class _Run(NamedTuple):
+    """What a configuration's event loop reads at every step (computed once per run)."""
+
+    launch: Launch
+    launches: Launches
+    variation: Variation
+    doms: Domains
+
+
+def _prepare(launch: Launch, shapes: Shapes, per: Launch | None, launches: Launches | None) -> _Run:
     if per is None:
         launches = single(launch, shapes) if launches is None else launches
         variation = variation_tables(launch, shapes)
     else:
         variation = variation_tables(per, shapes, launches)
-    doms = domains(launch)
+    return _Run(launch, launches, variation, domains(launch))
 
-    def step(state: State) -> State:
-        state = grid_barrier(run_tick(state, launch, shapes, launches), launch)
-        state = dispatch(state, launch, shapes, variation, state.tick, launches)
-        if shapes.dvfs:  # with DVFS off the step changes nothing (section 12)
-            state = dvfs_step(state, launch, shapes, doms)
-        return skip_to_next_event(state, launch, shapes, state.ctas_done >= launch.n_ctas, launches)
 
-    def running(state: State) -> Array:
-        return (state.ctas_done < launch.n_ctas) & (state.tick < max_ticks)
-
+def _start(run: _Run, shapes: Shapes) -> State:
+    launch = run.launch
     start = initial_state(shapes)
     freq, dv = initial_dvfs(launch, start.dvfs)
-    start = dataclasses.replace(start, freq=freq, dvfs=dv, kernel_ready=initial_ready(launches),
-                                dispatch_est=jnp.full_like(start.dispatch_est, launch.ema_prior_ticks),
-                                launch_credit=jnp.full_like(start.launch_credit, launch.launch_idle_cycles))
-    return jax.lax.while_loop(running, step, start)
+    return dataclasses.replace(start, freq=freq, dvfs=dv, kernel_ready=initial_ready(run.launches),
+                               dispatch_est=jnp.full_like(start.dispatch_est, launch.ema_prior_ticks),
+                               launch_credit=jnp.full_like(start.launch_credit, launch.launch_idle_cycles))
+
+
+def _step(run: _Run, state: State, shapes: Shapes) -> State:
+    launch, launches = run.launch, run.launches
+    state = grid_barrier(run_tick(state, launch, shapes, launches), launch)
+    state = dispatch(state, launch, shapes, run.variation, state.tick, launches)
+    if shapes.dvfs:  # with DVFS off the step changes nothing (section 12)
+        state = dvfs_step(state, launch, shapes, run.doms)
+    return skip_to_next_event(state, launch, shapes, state.ctas_done >= launch.n_ctas, launches)
+
+
+def _running(run: _Run, state: State, max_ticks: int) -> Array:
+    return (state.ctas_done < run.launch.n_ctas) & (state.tick < max_ticks)
+
+
+def run_launch(
+    launch: Launch, shapes: Shapes, max_ticks: int, per: Launch | None = None, launches: Launches | None = None
+) -> State:
+    """The event loop of one configuration (vmappable; `_run_batch` runs a batch's own loop).
+    `launch` holds what every launch shares (and `n_ctas`, all launches' CTAs); a workload adds
+    `per`, its launches' own lowerings stacked on a leading axis, and `launches`, their tables.
+    Without them `launch` is the only launch, without launch overhead."""
+    return _loop(_prepare(launch, shapes, per, launches), shapes, max_ticks)
+
+
+def _loop(run: _Run, shapes: Shapes, max_ticks: int) -> State:
+    return jax.lax.while_loop(lambda s: _running(run, s, max_ticks), lambda s: _step(run, s, shapes),
+                              _start(run, shapes))
+
+
+def _batch_loop(runs: _Run, shapes: Shapes, max_ticks: int) -> State:
+    """The event loops of a batch (a leading axis on `runs`), run together until the last ends.
+
+    `vmap` of `_loop`'s `while_loop` would keep every configuration that has ended as it
+    was, with a select over its whole state at every step; the old warp arrays must then live
+    beside the new ones, and XLA copies them. Here the warp arrays are not selected: once a
+    configuration has ended, its steps still run, but on warps no result reads, and everything
+    the results do read stays as it was at the end."""
+    def body(states: State) -> State:
+        going = jax.vmap(lambda r, s: _running(r, s, max_ticks))(runs, states)
+        stepped = jax.vmap(lambda r, s: _step(r, s, shapes))(runs, states)
+        keep = lambda new, old: jnp.where(going.reshape(-1, *[1] * (new.ndim - 1)), new, old)  # noqa: E731
+        return dataclasses.replace(jax.tree.map(keep, stepped, states), warps=stepped.warps)
+
+    def any_running(states: State) -> Array:
+        return jnp.any(jax.vmap(lambda r, s: _running(r, s, max_ticks))(runs, states))
+
+    return jax.lax.while_loop(any_running, body, jax.vmap(lambda r: _start(r, shapes))(runs))
 
 
 def _lower_workload(workload: WorkloadInput, lower_one, shapes: Shapes) -> tuple[Launch, Launch, Launches]:
@@ -172,7 +215,7 @@ def _lower_workload(workload: WorkloadInput, lower_one, shapes: Shapes) -> tuple
     return launch, per, make_launches(per, work, shapes)
 
 
-def _run_config(
+def _lower_config(
     arch: Arch,
     kernel: Kernel | WorkloadInput,
     clocks: Clocks,
@@ -185,19 +228,20 @@ def _run_config(
     dvfs: Dvfs,
     *,
     shapes: Shapes,
-    max_ticks: int,
-) -> Result:
+) -> _Run:
     def lower_one(k: Kernel) -> Launch:
         return lower(arch, k, clocks, warp_policy, dispatch_policy, dispatch_start,
                      dispatch_weight, ema_alpha, ema_prior_ns, dvfs)
 
     if isinstance(kernel, WorkloadInput):
         launch, per, launches = _lower_workload(kernel, lower_one, shapes)
-        final = run_launch(launch, shapes, max_ticks, per, launches)
-    else:
-        launch = lower_one(kernel)
-        launches = single(launch, shapes)
-        final = run_launch(launch, shapes, max_ticks, launches=launches)
+        return _prepare(launch, shapes, per, launches)
+    launch = lower_one(kernel)
+    return _prepare(launch, shapes, None, single(launch, shapes))
+
+
+def _result(final: State, run: _Run, arch: Arch, shapes: Shapes) -> Result:
+    launch, launches = run.launch, run.launches
     c = final.counters
     ticks = final.last_exit_tick + 1
     ns = ticks.astype(jnp.float64) * 1000.0 / launch.tick_mhz
@@ -229,6 +273,19 @@ def _run_config(
     )
 
 
+def _run_config(*config, shapes: Shapes, max_ticks: int) -> Result:
+    """One configuration (the arguments of `_lower_config`)."""
+    run = _lower_config(*config, shapes=shapes)
+    return _result(_loop(run, shapes, max_ticks), run, config[0], shapes)
+
+
+def _run_batch(*config, shapes: Shapes, max_ticks: int) -> Result:
+    """A batch of configurations (a leading axis on every argument) in one loop (`_batch_loop`)."""
+    runs = jax.vmap(functools.partial(_lower_config, shapes=shapes))(*config)
+    final = _batch_loop(runs, shapes, max_ticks)
+    return jax.vmap(lambda f, r, a: _result(f, r, a, shapes))(final, runs, config[0])
+
+
 # Configurations x SM slots x warp slots per vmapped chunk on the CPU: a step reads and writes
 # some thirty [configuration, SM, warp] arrays, and past the last-level cache the CPU waits on
 # memory. 16 H200 configurations keep them within a 32 MiB L3 (benchmarks/RESULTS.md, session 10).
@@ -244,7 +301,7 @@ def default_chunk(shapes: Shapes) -> int | None:
 
 
 def _in_chunks(fn: Callable[..., Result], config: tuple, chunk: int) -> Result:
-    """`vmap(fn)` over the leading axis of `config`, `chunk` configurations at a time (one
+    """`fn` (batched) over the leading axis of `config`, `chunk` configurations at a time (one
     `lax.map` step each). The last chunk is padded with copies of the first configuration,
     whose results are dropped."""
     n = jax.tree.leaves(config)[0].shape[0]
@@ -252,19 +309,19 @@ def _in_chunks(fn: Callable[..., Result], config: tuple, chunk: int) -> Result:
     pad = n_chunks * chunk - n
     grouped = jax.tree.map(lambda x: jnp.concatenate([x, jnp.repeat(x[:1], pad, axis=0)]).reshape(
         n_chunks, chunk, *x.shape[1:]), config)
-    out = jax.lax.map(lambda c: jax.vmap(fn)(*c), grouped)
+    out = jax.lax.map(lambda c: fn(*c), grouped)
     return jax.tree.map(lambda y: y.reshape(n_chunks * chunk, *y.shape[2:])[:n], out)
 
 
 @functools.partial(jax.jit, static_argnames=("shapes", "max_ticks", "batched", "chunk"))
 def _compiled(*config, shapes: Shapes, max_ticks: int, batched: bool, chunk: int | None = None):
     """One configuration, or (`batched`) a stack of them, `chunk` at a time (None: all at once)."""
-    fn = functools.partial(_run_config, shapes=shapes, max_ticks=max_ticks)
     if not batched:
-        return fn(*config)
+        return _run_config(*config, shapes=shapes, max_ticks=max_ticks)
+    fn = functools.partial(_run_batch, shapes=shapes, max_ticks=max_ticks)
     if chunk is not None and jax.tree.leaves(config)[0].shape[0] > chunk:
         return _in_chunks(fn, config, chunk)
-    return jax.vmap(fn)(*config)
+    return fn(*config)
 
 
 def _dispatch_inputs(arch: Arch, clocks: Clocks, weight, alpha: float, prior_ns: float) -> tuple:
