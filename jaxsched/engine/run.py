@@ -138,6 +138,7 @@ class _Run(NamedTuple):
 
 
 def _prepare(launch: Launch, shapes: Shapes, per: Launch | None, launches: Launches | None) -> _Run:
+    """A run's tables from its lowering (`run_launch` says what the arguments are)."""
     if per is None:
         launches = single(launch, shapes) if launches is None else launches
         variation = variation_tables(launch, shapes)
@@ -147,6 +148,8 @@ def _prepare(launch: Launch, shapes: Shapes, per: Launch | None, launches: Launc
 
 
 def _start(run: _Run, shapes: Shapes) -> State:
+    """The state at tick 0: clocks and DVFS at their start, launches without dependencies
+    ready, every SM holding a full launch credit."""
     launch = run.launch
     start = initial_state(shapes)
     freq, dv = initial_dvfs(launch, start.dvfs)
@@ -156,6 +159,8 @@ def _start(run: _Run, shapes: Shapes) -> State:
 
 
 def _step(run: _Run, state: State, shapes: Shapes) -> State:
+    """One event: the tick's SM cycles, the grid barrier, dispatch, DVFS, then the skip to the
+    next event (docs/model.md sections 7-13)."""
     launch, launches = run.launch, run.launches
     state = grid_barrier(run_tick(state, launch, shapes, launches), launch)
     state = dispatch(state, launch, shapes, run.variation, state.tick, launches)
@@ -165,6 +170,7 @@ def _step(run: _Run, state: State, shapes: Shapes) -> State:
 
 
 def _running(run: _Run, state: State, max_ticks: int) -> Array:
+    """CTAs remain and the tick limit is not reached."""
     return (state.ctas_done < run.launch.n_ctas) & (state.tick < max_ticks)
 
 
@@ -179,6 +185,7 @@ def run_launch(
 
 
 def _loop(run: _Run, shapes: Shapes, max_ticks: int) -> State:
+    """One configuration's event loop, to its end."""
     return jax.lax.while_loop(lambda s: _running(run, s, max_ticks), lambda s: _step(run, s, shapes),
                               _start(run, shapes))
 
@@ -191,6 +198,7 @@ def _batch_loop(runs: _Run, shapes: Shapes, max_ticks: int) -> State:
     beside the new ones, and XLA copies them. Here the warp arrays are not selected: once a
     configuration has ended, its steps still run, but on warps no result reads, and everything
     the results do read stays as it was at the end."""
+
     def body(states: State) -> State:
         going = jax.vmap(lambda r, s: _running(r, s, max_ticks))(runs, states)
         stepped = jax.vmap(lambda r, s: _step(r, s, shapes))(runs, states)
@@ -229,6 +237,8 @@ def _lower_config(
     *,
     shapes: Shapes,
 ) -> _Run:
+    """One configuration's lowering and tables (a kernel, or a prepared workload)."""
+
     def lower_one(k: Kernel) -> Launch:
         return lower(arch, k, clocks, warp_policy, dispatch_policy, dispatch_start,
                      dispatch_weight, ema_alpha, ema_prior_ns, dvfs)
@@ -241,6 +251,7 @@ def _lower_config(
 
 
 def _result(final: State, run: _Run, arch: Arch, shapes: Shapes) -> Result:
+    """The outputs of a run that ended in `final`."""
     launch, launches = run.launch, run.launches
     c = final.counters
     ticks = final.last_exit_tick + 1
