@@ -212,7 +212,7 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -
         counters,
         sm_cycles=counters.sm_cycles + cycles,
         sm_busy_cycles=counters.sm_busy_cycles + cycles * (active_warps > 0),
-        sm_issued=counters.sm_issued + jnp.sum(has, axis=1, dtype=jnp.int64),
+        sm_issued=counters.sm_issued + n_issued,
         sm_issued_op=counters.sm_issued_op + _count_ops(op_s, has),
         sm_active_lanes=counters.sm_active_lanes + jnp.sum(jnp.where(has, active_lanes, 0), axis=1, dtype=jnp.int64),
         sm_warp_cycles=counters.sm_warp_cycles + cycles * active_warps,
