@@ -1,16 +1,16 @@
 """Where the event loop's time goes inside XLA: fused kernels and the source lines they came from.
 
-Runs the throughput workload (benchmarks/throughput.py) for `--ticks` ticks at `--batch`
+Runs the throughput workload (benchmarks/throughput.py) at `--batch` from tick `--from-ticks`
+(default 0: the first wave; the steady state of refills starts near tick 1000) to `--ticks`
 under `jax.profiler`, reads the time of every fused kernel from the trace, and attributes it to
 the engine's source lines through the stack frames that the compiled HLO records for each
 instruction (a fusion's time is split over its instructions' lines in proportion to their
 number). Prints JSON: the run's wall and CPU seconds, the share of per-warp fusions
 (`[batch, sm, warp]` arrays) and their element operations per warp slot, and the top fusions,
-functions and lines. `profile_step.py` times whole phases in isolation instead; inside the
-loop XLA fuses across them, so this is the view to use when changing the step (RESULTS.md,
-"Where the time goes").
+functions and lines: the view to use when changing the step (RESULTS.md, "Where the time
+goes").
 
-    python benchmarks/profile_xla.py --batch 16 --ticks 600 [--dvfs] [--top 25]
+    python benchmarks/profile_xla.py --batch 16 --ticks 600 [--from-ticks 0] [--dvfs] [--top 25]
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ import time
 import jax
 from throughput import workload
 
-from jaxsched.engine.run import run_launch, stack
+from jaxsched.engine.run import _prepare, stack
+from jaxsched.engine.step import loop, start
 from jaxsched.lower import lower, shapes_for
 
 _SKIPPED_OPS = re.compile(r" (parameter|constant|bitcast|broadcast)\(")
@@ -110,7 +111,8 @@ def attribute(hlo: str, times_us: collections.Counter, top: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--ticks", type=int, default=600, help="simulate this many ticks of each configuration")
+    parser.add_argument("--ticks", type=int, default=600, help="simulate each configuration up to this tick")
+    parser.add_argument("--from-ticks", type=int, default=0, help="profile from the state at this tick")
     parser.add_argument("--dvfs", action="store_true", help="compile the DVFS step in (Shapes.dvfs)")
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args()
@@ -118,18 +120,23 @@ def main() -> None:
     shapes = dataclasses.replace(shapes_for(arch, kernel), dvfs=args.dvfs)
     with jax.enable_x64(True):
         launches = jax.jit(jax.vmap(lambda c: lower(arch, kernel, c, 1, 0, 0)))(stack(maps))
-        run = jax.jit(jax.vmap(lambda L: run_launch(L, shapes, args.ticks)))
-        jax.block_until_ready(run(launches))
+        runs = jax.jit(jax.vmap(lambda l: _prepare(l, shapes, None, None)))(launches)
+        begin = jax.jit(jax.vmap(lambda r: start(r, shapes)))(runs)
+        if args.from_ticks:
+            begin = jax.jit(lambda r, s: loop(r, shapes, args.from_ticks, s)[0])(runs, begin)
+        run = jax.jit(lambda r, s: loop(r, shapes, args.ticks, s)[1])
+        jax.block_until_ready(run(runs, begin))
         wall, cpu = time.perf_counter(), time.process_time()
-        jax.block_until_ready(run(launches))
+        steps = int(jax.block_until_ready(run(runs, begin)))
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-        hlo = run.lower(launches).compile().as_text()
+        hlo = run.lower(runs, begin).compile().as_text()
         with tempfile.TemporaryDirectory() as trace_dir:
             with jax.profiler.trace(trace_dir):
-                jax.block_until_ready(run(launches))
+                jax.block_until_ready(run(runs, begin))
             times = kernel_times_us(trace_dir)
-    out = {"device": str(jax.devices()[0].device_kind), "batch": args.batch, "ticks": args.ticks,
-           "dvfs_step": args.dvfs, "run_wall_s": round(wall, 3), "run_cpu_s": round(cpu, 3)}
+    out = {"device": str(jax.devices()[0].device_kind), "batch": args.batch, "ticks": [args.from_ticks, args.ticks],
+           "dvfs_step": args.dvfs, "steps": steps, "run_wall_s": round(wall, 3), "run_cpu_s": round(cpu, 3),
+           "ms_per_step": round(wall / max(steps, 1) * 1e3, 3)}
     print(json.dumps({**out, **attribute(hlo, times, args.top)}, indent=1))
 
 

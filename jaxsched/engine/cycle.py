@@ -8,19 +8,19 @@ DRAM queues) become exclusive prefix sums, which is what the sequential order de
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..isa import Op
 from ..lower import QUEUE_ONE_TICK, Launch, Shapes
-from .launch_credit import collect, has_free_slot, starved_schedulers
-from .launches import Launches, instruction_fields, per_launch_sum, update_ready, warp_program
+from .launch_credit import collect, has_free_slot
+from .launches import Launches, instruction_fields, op_and_dep, per_launch_sum, update_ready, warp_program
 from .materialize import once
-from .state import N_PIPES, State
-from .slots import by_scheduler, hardware_slot, per_warp, q_index
-from .status import (INF, NOT_SELECTED, SELECTED, WarpStatus, count_reasons, per_sm_counts, reason_histogram,
-                     warp_status)
+from .state import INF, N_PIPES, NO_WARP, State
+from .slots import by_scheduler, per_warp, q_index
+from .status import blocked_split, mem_cycle, one_of_class, op_class, ready_counts, scan, stall_rows, throttled
 from .variation import resolve_pc
 
 LRR, GTO, OLDEST = 0, 1, 2
@@ -34,43 +34,50 @@ def clock_edges(state: State, launch: Launch) -> tuple[Bool[Array, " sm"], Int[A
 
 
 def select(
-    state: State, launch: Launch, shapes: Shapes, st: WarpStatus, edge: Bool[Array, " sm"]
-) -> tuple[Bool[Array, "sm warp"], Bool[Array, "sm sched"], Int[Array, "sm sched"]]:
-    """Each scheduler picks at most one eligible warp by the warp policy (minimum key)."""
+    state: State, launch: Launch, shapes: Shapes, eligible: Bool[Array, "warp sm"], edge: Bool[Array, " sm"]
+) -> tuple[Bool[Array, "warp sm"], Bool[Array, "sched sm"], Int[Array, "sched sm"]]:
+    """Each scheduler picks at most one eligible warp by the warp policy (minimum key). Keys are
+    unique per scheduler (LRR's by q, ages by CTA and warp), so the minimum of `key << 5 | q`
+    (int64; q < 32) names the warp: one plain minimum over the scheduler's warps."""
     n_q = shapes.warps_per_scheduler
-    q = q_index(shapes)
+    q = q_index(shapes)[:, None]
     last = per_warp(state.last, shapes)
     key = jnp.select(
         [launch.warp_policy == LRR, launch.warp_policy == GTO],
         [(q - last - 1) % n_q, jnp.where(q == last, -1, state.warps.age)],
         state.warps.age,
     )
-    candidate = st.eligible & edge[:, None]
-    q_sel = jnp.argmin(by_scheduler(jnp.where(candidate, key, INF), shapes), axis=2).astype(jnp.int32)
-    has = jnp.any(by_scheduler(candidate, shapes), axis=2)
-    sel = (q[None, :] == per_warp(q_sel, shapes)) & per_warp(has, shapes)
+    candidate = eligible & edge
+    never = jnp.iinfo(jnp.int64).max
+    packed = jnp.where(candidate, (key.astype(jnp.int64) << 5) | q, never)
+    best = jnp.min(by_scheduler(packed, shapes), axis=1)
+    has = best < never
+    q_sel = (best & 31).astype(jnp.int32)
+    sel = (q == per_warp(q_sel, shapes)) & per_warp(has, shapes)
     return sel, has, q_sel
 
 
-def _of_selected(x: Array, q_sel: Int[Array, "sm sched"], shapes: Shapes) -> Array:
-    """The selected warp's value of a per-slot array, per scheduler: [sm, warp] -> [sm, sched]
-    (a scheduler without an issue reads its slot q = 0; callers mask by `has`)."""
-    return jnp.take_along_axis(by_scheduler(x, shapes), q_sel[:, :, None], axis=2)[:, :, 0]
+def _of_selected(x: Array, q_sel: Int[Array, "sched sm"], shapes: Shapes) -> Array:
+    """The selected warp's value of a per-slot array, per scheduler: [warp, sm] -> [sched, sm],
+    as a masked sum over the scheduler's warps (elementwise over SMs, unlike a gather; a
+    scheduler without an issue reads 0 or its q_sel's slot; callers mask by `has`)."""
+    hit = jnp.arange(shapes.warps_per_scheduler, dtype=jnp.int32)[:, None] == q_sel[:, None, :]
+    return jnp.sum(jnp.where(hit, by_scheduler(x, shapes), 0), axis=1, dtype=x.dtype)
 
 
-def _per_cta(x: Int[Array, "sm sched"], cta_of_sel: Int[Array, "sm sched"], shapes: Shapes) -> Int[Array, "sm cta"]:
+def _per_cta(x: Int[Array, "sched sm"], cta_of_sel: Int[Array, "sched sm"], shapes: Shapes) -> Int[Array, "cta sm"]:
     """Sum of a per-scheduler count over the CTA slots its selected warps belong to."""
-    hit = cta_of_sel[..., None] == jnp.arange(shapes.cta_slots, dtype=jnp.int32)
-    return jnp.sum(jnp.where(hit, x[..., None], 0), axis=1, dtype=jnp.int32)
+    hit = cta_of_sel[None] == jnp.arange(shapes.cta_slots, dtype=jnp.int32)[:, None, None]
+    return jnp.sum(jnp.where(hit, x[None], 0), axis=1, dtype=jnp.int32)
 
 
-def _count_ops(sel_op: Int[Array, "sm sched"], has: Bool[Array, "sm sched"]) -> Int[Array, "sm op"]:
+def _count_ops(sel_op: Int[Array, "sched sm"], has: Bool[Array, "sched sm"]) -> Int[Array, "op sm"]:
     """Issued instructions per isa.Op class in this cycle, per SM."""
-    hit = has[..., None] & (sel_op[..., None] == jnp.arange(len(Op), dtype=jnp.int32))
+    hit = has[None] & (sel_op[None] == jnp.arange(len(Op), dtype=jnp.int32)[:, None, None])
     return jnp.sum(hit, axis=1, dtype=jnp.int64)
 
 
-def _take_work_items(state: State, launch: Launch, want: Bool[Array, "sm sched"]) -> Bool[Array, "sm sched"]:
+def _take_work_items(state: State, launch: Launch, want: Bool[Array, "sched sm"]) -> Bool[Array, "sched sm"]:
     """Which selected warps at a persistent loop's back-edge get the next work item: takes are
     ordered (SM, scheduler), each scheduler issuing at most one, until the queue is empty
     (section 7)."""
@@ -79,11 +86,11 @@ def _take_work_items(state: State, launch: Launch, want: Bool[Array, "sm sched"]
     return want & (before < launch.work_items - state.items_taken)
 
 
-def _prefix_sum_sm_sched(x: Int[Array, "sm sched"]) -> Int[Array, "sm sched"]:
+def _prefix_sum_sm_sched(x: Int[Array, "sched sm"]) -> Int[Array, "sched sm"]:
     """Inclusive prefix sum in (SM, scheduler) order: within each SM, then across SMs."""
-    within = jnp.cumsum(x, axis=1, dtype=jnp.int32)
-    before = jnp.cumsum(within[:, -1], dtype=jnp.int32) - within[:, -1]
-    return within + before[:, None]
+    within = jnp.cumsum(x, axis=0, dtype=jnp.int32)
+    before = jnp.cumsum(within[-1], dtype=jnp.int32) - within[-1]
+    return within + before
 
 
 def _ceil_ticks(queue: Array) -> Array:
@@ -91,39 +98,51 @@ def _ceil_ticks(queue: Array) -> Array:
 
 
 def _learn_cta_durations(
-    est: Int[Array, "launch sm"], complete: Bool[Array, "sm cta"], duration: Int[Array, "sm cta"],
-    slot_launch: Int[Array, "sm cta"], launch: Launch,
+    est: Int[Array, "launch sm"], complete: Bool[Array, "cta sm"], duration: Int[Array, "cta sm"],
+    slot_launch: Int[Array, "cta sm"], launch: Launch,
 ) -> Int[Array, "launch sm"]:
     """Closed-loop dispatch's integer EMA of CTA durations, one completion at a time in CTA-slot
     order (docs/model.md section 9); a completion updates its own launch's estimate (section
     13). Only completions are observed, never the clocks."""
     a = launch.ema_alpha_256.astype(jnp.int64)
     n_launches, sm = est.shape[0], jnp.arange(est.shape[1])
-    for j in range(complete.shape[1]):
-        d = duration[:, j].astype(jnp.int64)
-        l = 0 if n_launches == 1 else jnp.clip(slot_launch[:, j], 0, n_launches - 1)
+    for j in range(complete.shape[0]):
+        d = duration[j].astype(jnp.int64)
+        l = 0 if n_launches == 1 else jnp.clip(slot_launch[j], 0, n_launches - 1)
         mine = est[0] if n_launches == 1 else est[l, sm]
-        mine = jnp.where(complete[:, j], mine + (a * (d - mine)) // 256, mine)
+        mine = jnp.where(complete[j], mine + (a * (d - mine)) // 256, mine)
         est = mine[None] if n_launches == 1 else est.at[l, sm].set(mine)
     return est
 
 
-def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -> State:
+class Outlook(NamedTuple):
+    """What a tick leaves for the event search (`events.skip_to_next_event`), per SM."""
+
+    ready: Int[Array, "sched sm"]  # ready warps per class after the tick's issues, packed
+    next_wake: Int[Array, " sm"]  # the earliest wake of a warp not ready (INF: none)
+    changed: Bool[Array, " sm"]  # warps were released or started: look again at the next cycle
+
+
+def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches,
+             one: Int[Array, ""]) -> tuple[State, Outlook, Bool[Array, "cta sm"]]:
     """Execute the SM cycles of tick `state.tick` (section 7), complete CTAs and launches, and
     learn which launches became ready (section 13); no dispatch. `launches`: the per-launch
-    tables (`launches.single(launch, shapes)` for one kernel).
+    tables (`launches.single(launch, shapes)` for one kernel); `one`: a traced 1 for `once`.
+    Returns the CTA slots whose barrier released: their warps still wait for
+    `intervals.release_ctas`.
 
-    Only the per-slot status and the final field updates touch every warp slot; what an issue
-    does is decoded and computed per scheduler for its selected warp, then written back where
-    `sel`."""
+    One pass over the warp slots (`status.scan`) finds the eligible warps and counts the ready
+    ones; what an issue does is decoded and computed per scheduler for its selected warp, then
+    written back where `sel`. The issuing warp's next blocked interval is counted now, whole."""
     k = state.tick
     edge, acc = clock_edges(state, launch)
     c = state.cycle
-    st = warp_status(state, launch, shapes, c, k, launches)
-    sel, has, q_sel = select(state, launch, shapes, st, edge)
     w = state.warps
+    throttle = throttled(state.pipe_free64, state.mio, launch.mio_depth, c)
+    sc = scan(w.wake, w.issue_class, throttle, c, shapes)
+    sel, has, q_sel = select(state, launch, shapes, sc.eligible, edge)
 
-    # The selected warp of each scheduler and its instruction, [sm, sched].
+    # The selected warp of each scheduler and its instruction, [sched, sm].
     pick = lambda x: _of_selected(x, q_sel, shapes)  # noqa: E731
     pc_s = jnp.clip(pick(w.pc), 0, shapes.n_instr - 1)
     launch_s = pick(w.launch) if shapes.n_launches > 1 else jnp.zeros_like(pc_s)
@@ -132,18 +151,18 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -
     op_s, _, lat_s, issue64_s, mio_cost_s, mem_lat_s, l2_s, dram_s = (
         jnp.where(has, fields[..., i], 0) for i in range(8))
     prog = warp_program(launches, launch_s)
-    cc = c[:, None]
+    cc = c
 
     # MIO: schedulers in index order share the SM's backlog.
-    mio_before = state.mio[:, None] + jnp.cumsum(mio_cost_s, axis=1, dtype=jnp.int32) - mio_cost_s
+    mio_before = state.mio + jnp.cumsum(mio_cost_s, axis=0, dtype=jnp.int32) - mio_cost_s
     is_short = has & ((op_s == Op.LDS) | (op_s == Op.SHFL))
-    mio = state.mio + jnp.sum(mio_cost_s, axis=1, dtype=jnp.int32)
+    mio = state.mio + jnp.sum(mio_cost_s, axis=0, dtype=jnp.int32)
 
     # Fixed-latency pipes; issue intervals in 1/64 cycle, so a fractional interval carries over.
     has_pipe = has & (op_s < N_PIPES)
-    hits_pipe = has[..., None] & (op_s[..., None] == jnp.arange(N_PIPES, dtype=jnp.int32))
-    now64 = 64 * c.astype(jnp.int64)[:, None, None]
-    pipe_free64 = jnp.where(hits_pipe, jnp.maximum(state.pipe_free64, now64) + issue64_s.astype(jnp.int64)[..., None],
+    hits_pipe = has[None] & (op_s[None] == jnp.arange(N_PIPES, dtype=jnp.int32)[:, None, None])
+    now64 = 64 * c.astype(jnp.int64)
+    pipe_free64 = jnp.where(hits_pipe, jnp.maximum(state.pipe_free64, now64) + issue64_s.astype(jnp.int64)[None],
                             state.pipe_free64)
 
     # Chip-wide L2 and DRAM queues, in (SM, scheduler) order.
@@ -165,34 +184,48 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -
     trips_left_s = jnp.where(back & ~persistent, trips_s - 1, trips_s)
     next_pc = resolve_pc(prog, jnp.where(back, prog.loop_start, pc_s + 1), trips_left_s, if_lanes_s, lanes_s)
 
-    slot_s = jnp.arange(shapes.schedulers, dtype=jnp.int32) + shapes.schedulers * q_sel
+    # The issuing warp's ready times, and its next instruction's blocked interval, which starts
+    # at the SM's next cycle; EXIT leaves, BAR waits for the release (wake INF meanwhile).
+    ready_fixed = jnp.where(has_pipe, jnp.maximum(pick(w.ready_fixed), cc + lat_s), pick(w.ready_fixed))
+    ready_mio = jnp.where(is_short, jnp.maximum(pick(w.ready_mio), cc + mio_before + mio_cost_s + lat_s),
+                          pick(w.ready_mio))
+    ready_mem = jnp.where(is_ldg, jnp.maximum(pick(w.ready_mem), k + mem_lat_s + delay), pick(w.ready_mem))
+    # A taken back-edge refetches the loop start before the warp can issue again.
+    ready_fetch = jnp.where(back, cc + launch.taken_branch_cycles, pick(w.ready_fetch))
+    op_next, dep_next = op_and_dep(launches, launch_s, jnp.clip(next_pc, 0, shapes.n_instr - 1))
+    after = c + edge
+    blocked = blocked_split(dep_next, ready_fixed, ready_mio, ready_fetch,
+                            mem_cycle(ready_mem, k, after, state.freq, acc, launch.tick_mhz), after)
+    stops = exits | arrive
+    wake = jnp.where(stops, INF, blocked.wake)
+    counted = has & ~stops
+    blocked_cycles = jnp.stack([jnp.sum(jnp.where(counted, x, 0), axis=0, dtype=jnp.int64)
+                                for x in (blocked.long, blocked.short, blocked.wait)])
+
+    slot_s = jnp.arange(shapes.schedulers, dtype=jnp.int32)[:, None] + shapes.schedulers * q_sel
     cta_of_sel = jnp.minimum(slot_s // launch.warps_per_cta, shapes.cta_slots - 1)
     cta_arrived = state.cta_arrived + _per_cta((arrive & ~grid_arrive).astype(jnp.int32), cta_of_sel, shapes)
     cta_live = state.cta_live - _per_cta(exits.astype(jnp.int32), cta_of_sel, shapes)
     occupied = state.cta_id >= 0
     release = occupied & (cta_arrived == cta_live) & (cta_arrived > 0)
     complete = occupied & (cta_live == 0)
-    cta_of_warp = jnp.minimum(hardware_slot(shapes) // launch.warps_per_cta, shapes.cta_slots - 1)
 
     # What the selected warps write back, per scheduler, computed once (`materialize`).
     upd = once(dict(
-        exits=exits, next_pc=next_pc, trips=trips_left_s, arrive=arrive, fixed=has_pipe, fixed_at=cc + lat_s,
-        short=is_short, short_at=cc + mio_before + mio_cost_s + lat_s, ldg=is_ldg, mem_at=k + mem_lat_s + delay,
-        back=back, release=release, pipe_free64=pipe_free64, mio=mio), jnp.minimum(launch.tick_mhz, 1))
+        pc=jnp.where(exits, NO_WARP, next_pc), trips=trips_left_s, fixed=ready_fixed, short=ready_mio,
+        mem=ready_mem, fetch=ready_fetch, wake=wake, cls=op_class(op_next), pipe_free64=pipe_free64, mio=mio), one)
     pipe_free64, mio = upd.pop("pipe_free64"), upd.pop("mio")
-    u = {name: per_warp(x, shapes) for name, x in upd.items() if name != "release"}
-    released = upd["release"][:, cta_of_warp]
+    u = {name: per_warp(x, shapes) for name, x in upd.items()}
     warps = replace(
         w,
-        active=w.active & ~(sel & u["exits"]),
-        pc=jnp.where(sel, u["next_pc"], w.pc),
+        pc=jnp.where(sel, u["pc"], w.pc),
         trips_left=jnp.where(sel, u["trips"], w.trips_left),
-        at_barrier=(w.at_barrier | (sel & u["arrive"])) & ~released,
-        ready_fixed=jnp.where(sel & u["fixed"], jnp.maximum(w.ready_fixed, u["fixed_at"]), w.ready_fixed),
-        ready_mio=jnp.where(sel & u["short"], jnp.maximum(w.ready_mio, u["short_at"]), w.ready_mio),
-        ready_mem=jnp.where(sel & u["ldg"], jnp.maximum(w.ready_mem, u["mem_at"]), w.ready_mem),
-        # A taken back-edge refetches the loop start before the warp can issue again.
-        ready_fetch=jnp.where(sel & u["back"], cc + launch.taken_branch_cycles, w.ready_fetch),
+        ready_fixed=jnp.where(sel, u["fixed"], w.ready_fixed),
+        ready_mio=jnp.where(sel, u["short"], w.ready_mio),
+        ready_mem=jnp.where(sel, u["mem"], w.ready_mem),
+        ready_fetch=jnp.where(sel, u["fetch"], w.ready_fetch),
+        wake=jnp.where(sel, u["wake"], w.wake),
+        issue_class=jnp.where(sel, u["cls"], w.issue_class),
     )
 
     # Counters use the start-of-cycle state; 'selected' for the issuing warps.
@@ -201,24 +234,26 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -
     active_lanes = jnp.where(in_if, if_lanes_s, jnp.where(in_else, lanes_s - if_lanes_s, lanes_s))
     n_done = jnp.sum(complete, dtype=jnp.int32)
     counters = state.counters
-    cycles = edge.astype(jnp.int64)
-    # The issuing warps were eligible (`not selected` in the status); they count as `selected`.
-    hist = reason_histogram(st.reason, shapes)
-    n_issued = jnp.sum(has, axis=1, dtype=jnp.int32)
-    counts = per_sm_counts(hist).at[:, SELECTED].add(n_issued).at[:, NOT_SELECTED].add(-n_issued)
-    active_warps = jnp.sum(counts, axis=1)
+    e = edge.astype(jnp.int64)
+    ready = ready_counts(sc.ready, throttle)
+    n_issued = jnp.sum(has, axis=0, dtype=jnp.int32)
+    n_active = jnp.sum(state.cta_live, axis=0, dtype=jnp.int64)
+    n_barrier = jnp.sum(state.cta_arrived, axis=0, dtype=jnp.int32) + state.g_waiting
+    stalls = stall_rows(selected=n_issued, not_selected=e * ready.eligible - n_issued, long=blocked_cycles[0],
+                        short=blocked_cycles[1], wait=blocked_cycles[2], barrier=e * n_barrier,
+                        mio=e * ready.mio_throttle, pipe=e * ready.pipe_throttle)
     end_ids = jnp.where(complete, state.cta_id, shapes.max_ctas)  # out of range: dropped
     counters = replace(
         counters,
-        sm_cycles=counters.sm_cycles + cycles,
-        sm_busy_cycles=counters.sm_busy_cycles + cycles * (active_warps > 0),
+        sm_cycles=counters.sm_cycles + e,
+        sm_busy_cycles=counters.sm_busy_cycles + e * (n_active > 0),
         sm_issued=counters.sm_issued + n_issued,
         sm_issued_op=counters.sm_issued_op + _count_ops(op_s, has),
-        sm_active_lanes=counters.sm_active_lanes + jnp.sum(jnp.where(has, active_lanes, 0), axis=1, dtype=jnp.int64),
-        sm_warp_cycles=counters.sm_warp_cycles + cycles * active_warps,
-        sm_stalls=counters.sm_stalls + count_reasons(counts, edge),
+        sm_active_lanes=counters.sm_active_lanes + jnp.sum(jnp.where(has, active_lanes, 0), axis=0, dtype=jnp.int64),
+        sm_warp_cycles=counters.sm_warp_cycles + e * n_active,
+        sm_stalls=counters.sm_stalls + stalls,
         cta_end_tick=counters.cta_end_tick.at[end_ids.reshape(-1)].set(k, mode="drop"),
-        sm_items=counters.sm_items + jnp.sum(take, axis=1, dtype=jnp.int64),
+        sm_items=counters.sm_items + jnp.sum(take, axis=0, dtype=jnp.int64),
     )
     # Launches complete with their last CTA; their successors learn when they may start.
     done_now = per_launch_sum(complete.astype(jnp.int32), state.cta_launch, shapes.n_launches)
@@ -241,11 +276,12 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -
         cta_usable_tick=jnp.where(complete, k + launch.cta_launch_ticks, state.cta_usable_tick),
         cta_live=cta_live,
         cta_arrived=jnp.where(release, 0, cta_arrived),
-        resident=state.resident - jnp.sum(complete, axis=1, dtype=jnp.int32),
+        resident=state.resident - jnp.sum(complete, axis=0, dtype=jnp.int32),
         warps=warps,
         q_l2=state.q_l2 + jnp.sum(l2_s, dtype=jnp.int32),
         q_dram=state.q_dram + jnp.sum(dram_s, dtype=jnp.int32),
         g_arrived=state.g_arrived + jnp.sum(grid_arrive, dtype=jnp.int32),
+        g_waiting=state.g_waiting + jnp.sum(grid_arrive, axis=0, dtype=jnp.int32),
         items_taken=state.items_taken + jnp.sum(take, dtype=jnp.int32),
         ctas_done=state.ctas_done + n_done,
         last_exit_tick=jnp.where(n_done > 0, k, state.last_exit_tick),
@@ -253,6 +289,11 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches) -
     )
     # Last in the cycle: starved schedulers (start-of-cycle state) earn launch credit while the
     # SM has a free CTA slot, one freed in this cycle included (section 7).
-    starved = starved_schedulers(hist)
-    credit = collect(state.launch_credit, starved, edge.astype(jnp.int32), has_free_slot(out, launch, shapes), launch)
-    return replace(out, launch_credit=credit)
+    credit = collect(state.launch_credit, ready.starved, edge.astype(jnp.int32),
+                     has_free_slot(out, launch, shapes), launch)
+    look = Outlook(
+        ready=sc.ready - jnp.where(has, one_of_class(pick(w.issue_class)), 0),
+        next_wake=jnp.minimum(sc.next_wake, jnp.min(jnp.where(has, wake, INF), axis=0)),
+        changed=jnp.any(release, axis=0),
+    )
+    return replace(out, launch_credit=credit), look, release

@@ -7,10 +7,13 @@ refilled only on an SM that holds the launch credit (each refill spends it), so 
 usable free slots while `resident` still counts occupied ones. Policies are selected by a traced index, so
 one compiled simulation serves all of them.
 
-The placement loop carries only the CTA-slot table (small); the warps of every CTA placed in the
-tick are then launched together, vectorised over all warp slots, from per-CTA variation tables
-computed once per run. Under `vmap` a `while_loop` selects its whole carry at every iteration,
-so keeping the warp arrays out of it is what makes dispatch cheap.
+A tick's dispatch is four steps, so that a batch runs its placement loop itself (`run.py`):
+`plan` (the slot table and what the placements read), `place` until no configuration
+`has_work` (one CTA per configuration per iteration; the loop carries only the CTA-slot table),
+`launch_warps` (the warps of every CTA placed, vectorised over all warp slots, from per-CTA
+variation tables computed once per run), and `commit` (CTA tables and counters). Under `vmap`
+a `while_loop` selects its whole carry at every iteration; a batch-level loop over `place`,
+which keeps a configuration without work as it was, does not.
 """
 
 from __future__ import annotations
@@ -24,10 +27,10 @@ from jaxtyping import Array, Bool, Int
 
 from ..lower import Launch, Shapes
 from .launch_credit import can_launch
-from .launches import Launches, head_launch, warp_program
-from .materialize import when
+from .launches import Launches, head_launch, op_and_dep, warp_program
 from .slots import hardware_slot
 from .state import INF, State, Warps
+from .status import op_class
 from .variation import resolve_pc, warp_variation
 
 HARDWARE, ROUND_ROBIN, LEAST_LOADED, WEIGHTED, CLOSED_LOOP = range(5)
@@ -59,11 +62,11 @@ def variation_tables(launch: Launch, shapes: Shapes, launches: Launches | None =
 
 
 class _Slots(NamedTuple):
-    cta_id: Int[Array, "sm cta"]
-    cta_launch: Int[Array, "sm cta"]
+    cta_id: Int[Array, "cta sm"]
+    cta_launch: Int[Array, "cta sm"]
     resident: Int[Array, " sm"]
     live_warps: Int[Array, " sm"]
-    start: Int[Array, "sm cta"]  # start tick of each slot's CTA (closed loop)
+    start: Int[Array, "cta sm"]  # start tick of each slot's CTA (closed loop)
     next_cta: Int[Array, " launch"]
     rr_pointer: Int[Array, ""]
     credit: Int[Array, " sm"]  # launch credit (docs/model.md section 9)
@@ -103,15 +106,15 @@ def _censored_estimate(state: State, tick: Int[Array, ""]) -> Int[Array, "launch
     running = jnp.where(state.cta_id >= 0, tick - state.cta_start, 0)
     n_launches, n_sm = state.dispatch_est.shape
     if n_launches == 1:
-        oldest = jnp.max(running, axis=1)[None]
+        oldest = jnp.max(running, axis=0)[None]
     else:
-        sm = jnp.broadcast_to(jnp.arange(n_sm)[:, None], running.shape)
+        sm = jnp.broadcast_to(jnp.arange(n_sm)[None, :], running.shape)
         oldest = jnp.zeros((n_launches, n_sm), jnp.int32).at[state.cta_launch, sm].max(running)
     return jnp.maximum(state.dispatch_est, oldest.astype(jnp.int64))
 
 
 def _hold_for_better_slots(
-    slots: _Slots, launch: Launch, launching_tick: Int[Array, "sm cta"], est: Array, sm: Array, tick: Array,
+    slots: _Slots, launch: Launch, launching_tick: Int[Array, "cta sm"], est: Array, sm: Array, tick: Array,
     left: Array,
 ) -> Array:
     """Closed loop in the tail: keep the CTA if the `left` CTAs (the head launch's, this one
@@ -120,23 +123,23 @@ def _hold_for_better_slots(
     (docs/model.md sections 9 and 13)."""
     now = tick.astype(jnp.int64)
     target = now + est[sm]
-    e = est[:, None]
+    e = est
     occupied_finish = jnp.maximum(now, slots.start.astype(jnp.int64) + e) + e
     launching_finish = launching_tick.astype(jnp.int64) + e
-    occupied = (slots.cta_id >= 0) & launch.sm_enabled[:, None]
+    occupied = (slots.cta_id >= 0) & launch.sm_enabled
     launching = (slots.cta_id < 0) & (launching_tick < INF)
     finish = jnp.where(occupied, occupied_finish, launching_finish)
     better = (occupied | launching) & (finish + est[sm] // 8 < target)
     return (launch.dispatch_policy == CLOSED_LOOP) & (left.astype(jnp.int64) <= jnp.sum(better, dtype=jnp.int64))
 
 
-def _cta_slots(launch: Launch, shapes: Shapes) -> Bool[Array, "sm cta"]:
+def _cta_slots(launch: Launch, shapes: Shapes) -> Bool[Array, "cta sm"]:
     """The CTA slots that exist in this launch: `j < ctas_per_sm` on enabled SMs."""
-    in_range = jnp.arange(shapes.cta_slots, dtype=jnp.int32) < launch.ctas_per_sm
-    return in_range[None, :] & launch.sm_enabled[:, None]
+    in_range = jnp.arange(shapes.cta_slots, dtype=jnp.int32)[:, None] < launch.ctas_per_sm
+    return in_range & launch.sm_enabled
 
 
-def _usable_slots(state: State, launch: Launch, shapes: Shapes, tick: Int[Array, ""]) -> Bool[Array, "sm cta"]:
+def _usable_slots(state: State, launch: Launch, shapes: Shapes, tick: Int[Array, ""]) -> Bool[Array, "cta sm"]:
     """CTA slots that may take a CTA in this tick once free: within `ctas_per_sm` and past the
     launch latency of the CTA that last left them (docs/model.md section 9)."""
     return _cta_slots(launch, shapes) & (state.cta_usable_tick <= tick)
@@ -151,17 +154,17 @@ def next_usable_tick(state: State, launch: Launch, shapes: Shapes, launches: Lau
 
 
 def _takes_now(
-    slots: _Slots, usable: Bool[Array, "sm cta"], fresh: Bool[Array, "sm cta"], launch: Launch
-) -> Bool[Array, "sm cta"]:
+    slots: _Slots, usable: Bool[Array, "cta sm"], fresh: Bool[Array, "cta sm"], launch: Launch
+) -> Bool[Array, "cta sm"]:
     """Free slots that can take a CTA now: usable (past their launch latency, 0 on floorswept
     SMs), and never used (`fresh`) or on an SM with launch credit (a refill needs credit, a
     first fill does not: section 9). Per SM, their count is its room."""
-    return (slots.cta_id < 0) & usable & (fresh | can_launch(slots.credit, launch)[:, None])
+    return (slots.cta_id < 0) & usable & (fresh | can_launch(slots.credit, launch))
 
 
 def _launching_tick(
-    slots: _Slots, launch: Launch, shapes: Shapes, usable_tick: Int[Array, "sm cta"], tick: Int[Array, ""],
-) -> Int[Array, "sm cta"]:
+    slots: _Slots, launch: Launch, shapes: Shapes, usable_tick: Int[Array, "cta sm"], tick: Int[Array, ""],
+) -> Int[Array, "cta sm"]:
     """When each free slot still in its launch latency becomes usable, for the closed loop's hold
     (INF: usable now, occupied or out of range). A used slot waiting for launch credit does not
     count: when its SM collects the credit depends on when its schedulers starve (section 9)."""
@@ -175,9 +178,9 @@ def _place_one(
     launches: Launches,
     ready: Int[Array, " launch"],
     shapes: Shapes,
-    usable: Bool[Array, "sm cta"],
-    usable_tick: Int[Array, "sm cta"],
-    fresh: Bool[Array, "sm cta"],
+    usable: Bool[Array, "cta sm"],
+    usable_tick: Int[Array, "cta sm"],
+    fresh: Bool[Array, "cta sm"],
     est_all: Int[Array, "launch sm"],
     tick: Int[Array, ""],
 ) -> _Slots:
@@ -186,30 +189,30 @@ def _place_one(
     est = est_all[head]
     local = slots.next_cta[head]
     takes = _takes_now(slots, usable, fresh, launch)
-    room = jnp.sum(takes, axis=1, dtype=jnp.int32)
+    room = jnp.sum(takes, axis=0, dtype=jnp.int32)
     launching_tick = _launching_tick(slots, launch, shapes, usable_tick, tick)
     score = jnp.where(room > 0, scores(slots, launch, room, est, tick), jnp.iinfo(jnp.int64).min)
     sm = jnp.argmax(score).astype(jnp.int32)
     hold = _hold_for_better_slots(slots, launch, launching_tick, est, sm, tick, launches.n_ctas[head] - local)
-    j = jnp.argmax(takes[sm]).astype(jnp.int32)  # lowest free slot that can take it
+    j = jnp.argmax(takes[:, sm]).astype(jnp.int32)  # lowest free slot that can take it
     n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled, dtype=jnp.int32), 1)
     placed = _Slots(
-        cta_id=slots.cta_id.at[sm, j].set(launches.cta_base[head] + local),
-        cta_launch=slots.cta_launch.at[sm, j].set(head),
+        cta_id=slots.cta_id.at[j, sm].set(launches.cta_base[head] + local),
+        cta_launch=slots.cta_launch.at[j, sm].set(head),
         resident=slots.resident.at[sm].add(1),
         live_warps=slots.live_warps.at[sm].add(launch.warps_per_cta),
-        start=slots.start.at[sm, j].set(tick),
+        start=slots.start.at[j, sm].set(tick),
         next_cta=slots.next_cta.at[head].add(1),
         rr_pointer=jnp.where(launch.dispatch_policy == ROUND_ROBIN,
                              (launch.dispatch_rank[sm] + 1) % n_enabled, slots.rr_pointer),
-        credit=slots.credit.at[sm].add(jnp.where(fresh[sm, j], 0, -launch.launch_idle_cycles)),
+        credit=slots.credit.at[sm].add(jnp.where(fresh[j, sm], 0, -launch.launch_idle_cycles)),
         hold=jnp.bool_(False),
     )
     return jax.tree.map(lambda h, p: jnp.where(hold, h, p), slots._replace(hold=jnp.bool_(True)), placed)
 
 
 def _launch_warps(
-    w: Warps, new: Bool[Array, "sm cta"], slots: _Slots, state: State, launch: Launch, shapes: Shapes,
+    w: Warps, new: Bool[Array, "cta sm"], slots: _Slots, state: State, launch: Launch, shapes: Shapes,
     variation: Variation, launches: Launches,
 ) -> tuple[Warps, Int[Array, " sm"]]:
     """Start the warps of the CTAs placed in this tick (`new`), and count per SM the work items
@@ -217,71 +220,100 @@ def _launch_warps(
     n_w = launch.warps_per_cta
     slot = hardware_slot(shapes)
     j_of = jnp.minimum(slot // n_w, shapes.cta_slots - 1)
-    warp = jnp.clip(slot - j_of * n_w, 0, 31)
-    fresh = new[:, j_of] & (slot < shapes.cta_slots * n_w)[None, :]
-    cta = jnp.clip(slots.cta_id[:, j_of], 0, shapes.max_ctas - 1)
+    warp = jnp.clip(slot - j_of * n_w, 0, 31)[:, None]
+    fresh = new[j_of] & (slot < shapes.cta_slots * n_w)[:, None]
+    cta = jnp.clip(slots.cta_id[j_of], 0, shapes.max_ctas - 1)
     packed = variation.packed[cta, warp]
     trips, if_lanes = packed >> 6, packed & 63
-    warp_launch = slots.cta_launch[:, j_of]
+    warp_launch = slots.cta_launch[j_of]
     # Persistent kernels (a workload's only launch): each new warp takes its first work item, in
     # placement then warp order.
     persistent = launch.work_items > 0
-    order = (slots.cta_id[:, j_of] - state.next_cta[0]) * n_w + warp
+    order = (slots.cta_id[j_of] - state.next_cta[0]) * n_w + warp
     took = fresh & persistent & (order < launch.work_items - state.items_taken)
     trips = jnp.where(persistent, took.astype(jnp.int32), trips)
     lanes = jnp.where(warp == n_w - 1, launch.lanes_last_warp, 32)
     pc0 = resolve_pc(warp_program(launches, warp_launch), jnp.zeros_like(trips), trips, if_lanes, lanes)
+    op0, _ = op_and_dep(launches, warp_launch, jnp.clip(pc0, 0, shapes.n_instr - 1))
     zero = jnp.zeros_like(trips)
     warps = replace(
         w,
-        active=w.active | fresh,
         pc=jnp.where(fresh, pc0, w.pc),
         trips_left=jnp.where(fresh, trips, w.trips_left),
         lanes=jnp.where(fresh, lanes, w.lanes),
         if_lanes=jnp.where(fresh, if_lanes, w.if_lanes),
         age=jnp.where(fresh, 32 * cta + warp, w.age),
-        at_barrier=w.at_barrier & ~fresh,
         ready_fixed=jnp.where(fresh, zero, w.ready_fixed),
         ready_mio=jnp.where(fresh, zero, w.ready_mio),
         ready_mem=jnp.where(fresh, zero, w.ready_mem),
         ready_fetch=jnp.where(fresh, zero, w.ready_fetch),
         launch=jnp.where(fresh, warp_launch, w.launch),
+        # ready from its SM's next cycle on (all its ready times are 0)
+        wake=jnp.where(fresh, zero, w.wake),
+        issue_class=jnp.where(fresh, op_class(op0), w.issue_class),
     )
 
-    return warps, jnp.sum(took, axis=1, dtype=jnp.int32)
+    return warps, jnp.sum(took, axis=0, dtype=jnp.int32)
 
 
-def dispatch(
-    state: State, launch: Launch, shapes: Shapes, variation: Variation, tick: Int[Array, ""],
-    launches: Launches,
-) -> State:
-    """Place CTAs, the head launch's first (leftover policy), until no launch is ready with CTAs
-    left, no enabled SM has a usable free slot or the closed loop holds; launch their warps."""
-    usable = _usable_slots(state, launch, shapes, tick)
-    ready = state.kernel_ready
-    fresh = ~state.cta_used  # a slot placed in this tick is occupied, so this needs no update
+class Plan(NamedTuple):
+    """What the tick's placements read and do not change (docs/model.md section 9)."""
 
-    def has_work(slots: _Slots) -> Array:
-        some, _ = head_launch(ready, slots.next_cta, launches, tick)
-        return some & jnp.any(_takes_now(slots, usable, fresh, launch)) & ~slots.hold
+    tick: Int[Array, ""]
+    ready: Int[Array, " launch"]
+    usable: Bool[Array, "cta sm"]  # past the launch latency
+    usable_tick: Int[Array, "cta sm"]
+    fresh: Bool[Array, "cta sm"]  # never used: a first fill needs no credit
+    est: Int[Array, "launch sm"]  # the closed loop's censored estimates
 
-    live = jnp.sum(state.cta_live, axis=1, dtype=jnp.int32)
-    start = _Slots(state.cta_id, state.cta_launch, state.resident, live, state.cta_start, state.next_cta,
+
+def plan(state: State, launch: Launch, shapes: Shapes, tick: Int[Array, ""]) -> tuple[_Slots, Plan]:
+    """The CTA-slot table and the fixed inputs of the tick's placements."""
+    live = jnp.sum(state.cta_live, axis=0, dtype=jnp.int32)
+    slots = _Slots(state.cta_id, state.cta_launch, state.resident, live, state.cta_start, state.next_cta,
                    state.rr_pointer, state.launch_credit, jnp.bool_(False))
-    est = _censored_estimate(state, tick)
-    slots = jax.lax.while_loop(
-        has_work,
-        lambda s: _place_one(s, launch, launches, ready, shapes, usable, state.cta_usable_tick, fresh, est, tick),
-        start)
-    new = (slots.cta_id >= 0) & (slots.cta_id != state.cta_id)  # [sm, cta]
+    # A slot placed in this tick is occupied, so `fresh` needs no update during the tick.
+    return slots, Plan(tick, state.kernel_ready, _usable_slots(state, launch, shapes, tick), state.cta_usable_tick,
+                       ~state.cta_used, _censored_estimate(state, tick))
 
-    # Launch the new CTAs' warps; most ticks place none in any configuration (`when`).
-    warps, took = when(jnp.any(new), lambda x, *a: _launch_warps(x[0], *a, state, launch, shapes, variation, launches),
-                       (state.warps, jnp.zeros(shapes.n_sm, jnp.int32)), new, slots)
 
+def has_work(slots: _Slots, p: Plan, launch: Launch, launches: Launches) -> Bool[Array, ""]:
+    """A launch is ready with CTAs left, an enabled SM has a usable free slot and the closed loop
+    does not hold: the placement loop goes on."""
+    some, _ = head_launch(p.ready, slots.next_cta, launches, p.tick)
+    return some & jnp.any(_takes_now(slots, p.usable, p.fresh, launch)) & ~slots.hold
+
+
+def place(slots: _Slots, p: Plan, launch: Launch, launches: Launches, shapes: Shapes) -> _Slots:
+    """One placement (`_place_one`) where there is work, else the table as it was. A batch's
+    placement loop runs this until no configuration has work, so every configuration's
+    placements are its own sequence, as the model's loop within a tick."""
+    placed = _place_one(slots, launch, launches, p.ready, shapes, p.usable, p.usable_tick, p.fresh, p.est, p.tick)
+    work = has_work(slots, p, launch, launches)
+    return jax.tree.map(lambda new, old: jnp.where(work, new, old), placed, slots)
+
+
+def placed(state: State, slots: _Slots) -> Bool[Array, "cta sm"]:
+    """The CTA slots that took a CTA in the tick's placements."""
+    return (slots.cta_id >= 0) & (slots.cta_id != state.cta_id)
+
+
+def launch_warps(
+    state: State, slots: _Slots, launch: Launch, shapes: Shapes, variation: Variation, launches: Launches,
+) -> tuple[Warps, Int[Array, " sm"]]:
+    """Start the warps of the CTAs the tick placed, and count per SM the work items they took
+    (persistent kernels)."""
+    return _launch_warps(state.warps, placed(state, slots), slots, state, launch, shapes, variation, launches)
+
+
+def commit(state: State, slots: _Slots, took: Int[Array, " sm"], launch: Launch, shapes: Shapes) -> State:
+    """The CTA tables and counters after the tick's placements (`slots`) and the work items their
+    warps took (`took`, from `launch_warps`; its warps are set there)."""
+    tick = state.tick
+    new = placed(state, slots)
     k = state.counters
     ids = jnp.where(new, slots.cta_id, shapes.max_ctas).reshape(-1)  # out of range: dropped
-    sm_of = jnp.broadcast_to(jnp.arange(shapes.n_sm, dtype=jnp.int32)[:, None], new.shape).reshape(-1)
+    sm_of = jnp.broadcast_to(jnp.arange(shapes.n_sm, dtype=jnp.int32)[None, :], new.shape).reshape(-1)
     return replace(
         state,
         cta_id=slots.cta_id,
@@ -292,7 +324,6 @@ def dispatch(
         cta_used=state.cta_used | new,
         dispatch_hold=slots.hold,
         resident=slots.resident,
-        warps=warps,
         next_cta=slots.next_cta,
         kernel_start=jnp.where((state.next_cta == 0) & (slots.next_cta > 0), tick, state.kernel_start),
         rr_pointer=slots.rr_pointer,
@@ -301,7 +332,7 @@ def dispatch(
         counters=replace(
             k,
             sm_items=k.sm_items + took,
-            sm_ctas=k.sm_ctas + jnp.sum(new, axis=1, dtype=jnp.int32),
+            sm_ctas=k.sm_ctas + jnp.sum(new, axis=0, dtype=jnp.int32),
             cta_sm=k.cta_sm.at[ids].set(sm_of, mode="drop"),
             cta_start_tick=k.cta_start_tick.at[ids].set(tick, mode="drop"),
         ),

@@ -1,9 +1,13 @@
 """Event skipping (docs/model.md section 11): jump to the next tick at which anything can change.
 
-After a tick, every warp's blocks clear at known cycles (its SM's clock) or ticks (memory). The
-next event is the earliest of those over all SMs; the ticks before it are skipped in one go,
-adding to each SM's counters the cycles it executes meanwhile, with the stall reasons that hold
-throughout. The result is exactly the tick-by-tick model (checked against the reference).
+After a tick, every warp that is not ready wakes at a known cycle of its SM, and a throttle
+clears at a known cycle. An SM's next event is its next cycle if it has an eligible warp (or
+warps were released or started on it), else the earliest wake or throttle clearing among its
+ready warps' classes; the chip's next event is the earliest over SMs and the chip-wide events.
+The ticks before it are skipped in one go. Over them no warp becomes ready and none issues, so
+each SM adds the cycles it executes meanwhile with the counts that hold throughout (blocked
+warps' reasons were counted when their intervals started). The result is exactly the
+tick-by-tick model (checked against the reference).
 """
 
 from __future__ import annotations
@@ -14,12 +18,13 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int
 
 from ..lower import QUEUE_ONE_TICK, Launch, Shapes
+from .cycle import Outlook
 from .dispatch import next_usable_tick
-from .launch_credit import collect, cycles_to_full, has_free_slot, starved_schedulers
+from .launch_credit import collect, cycles_to_full, has_free_slot
 from .launches import Launches, next_ready_tick
 from .power import next_dvfs_event
 from .state import State
-from .status import INF, count_reasons, per_sm_counts, reason_histogram, warp_status
+from .status import INF, class_bits, class_counts, ready_counts, stall_rows, throttled
 
 _MAX_AHEAD_CYCLES = 1 << 17  # x MAX_MHZ stays in int32; a farther event just comes early
 
@@ -49,22 +54,35 @@ def cycles_in_ticks(
     return a * f + partial // launch.tick_mhz, partial % launch.tick_mhz
 
 
+def _throttle_clears(state: State, launch: Launch, look: Outlook, throttle: Array) -> Int[Array, " sm"]:
+    """Per SM, the earliest cycle at which a throttle holding one of its ready warps clears: the
+    MIO backlog, which serves one instruction-cycle per cycle, falls under its depth; a pipe
+    frees."""
+    pipe = (state.pipe_free64 >> 6).astype(jnp.int32)
+    mio = jnp.broadcast_to(state.cycle + state.mio - launch.mio_depth + 1, (1,) + pipe.shape[1:])
+    clear = jnp.concatenate([pipe, mio, jnp.full_like(mio, INF)])
+    waiting = (class_bits(throttle) > 0) & (class_counts(look.ready) > 0)
+    return jnp.min(jnp.where(waiting, clear, INF), axis=(0, 1))
+
+
 def skip_to_next_event(
-    state: State, launch: Launch, shapes: Shapes, done: Array, launches: Launches
+    state: State, launch: Launch, shapes: Shapes, done: Array, launches: Launches, look: Outlook
 ) -> State:
     """Advance from the tick just executed (state.tick) to the next event tick (nothing is
-    skipped once `done`: the counters must stop at the makespan)."""
+    skipped once `done`: the counters must stop at the makespan). `look`: what the tick left
+    (`cycle.run_tick`), with `changed` set where anything after the SM cycles (a grid-barrier
+    release, dispatch, a clock change) touched an SM's warps."""
     k = state.tick
-    st = warp_status(state, launch, shapes, state.cycle, k + 1, launches)
-    clear_cycle = jnp.min(st.clear_cycle, axis=1)
-    by_cycle = jnp.where(clear_cycle < INF, k + ticks_until_cycle(state, launch, clear_cycle), INF)
-    by_tick = jnp.min(st.clear_tick, axis=1)
-    per_sm = jnp.where(launch.sm_enabled, jnp.minimum(by_cycle, by_tick), INF)
+    c = state.cycle  # each SM's next cycle
+    throttle = throttled(state.pipe_free64, state.mio, launch.mio_depth, c)
+    ready = ready_counts(look.ready, throttle)
+    clear_cycle = jnp.minimum(look.next_wake, _throttle_clears(state, launch, look, throttle))
+    next_cycle = jnp.where(look.changed | (ready.eligible > 0), c, clear_cycle)
+    by_cycle = jnp.where(next_cycle < INF, k + ticks_until_cycle(state, launch, next_cycle), INF)
+    per_sm = jnp.where(launch.sm_enabled, by_cycle, INF)
     # The cycle at which an SM's launch credit fills up makes its free slots usable (section 11).
-    hist = reason_histogram(st.reason, shapes)
-    starved = starved_schedulers(hist)
     free = has_free_slot(state, launch, shapes)
-    to_full = cycles_to_full(state.launch_credit, starved, free, launch)
+    to_full = cycles_to_full(state.launch_credit, ready.starved, free, launch)
     credit_full = jnp.where((to_full > 0) & launch.sm_enabled & jnp.any(state.next_cta < launches.n_ctas),
                             k + ticks_until_cycle(state, launch, state.cycle + to_full - 1), INF)
     per_sm = jnp.minimum(per_sm, credit_full)
@@ -79,16 +97,20 @@ def skip_to_next_event(
     skipped = nxt - k - 1
 
     cycles, acc = cycles_in_ticks(state, launch, skipped)
-    counts = per_sm_counts(hist)
-    active_warps = jnp.sum(counts, axis=1)
+    n_active = jnp.sum(state.cta_live, axis=0, dtype=jnp.int64)
+    n_barrier = jnp.sum(state.cta_arrived, axis=0, dtype=jnp.int32) + state.g_waiting
     weight = cycles.astype(jnp.int64)
+    zero = jnp.zeros_like(weight)
     counters = state.counters
     counters = replace(
         counters,
         sm_cycles=counters.sm_cycles + weight,
-        sm_busy_cycles=counters.sm_busy_cycles + weight * (active_warps > 0),
-        sm_warp_cycles=counters.sm_warp_cycles + weight * active_warps,
-        sm_stalls=counters.sm_stalls + count_reasons(counts, cycles),
+        sm_busy_cycles=counters.sm_busy_cycles + weight * (n_active > 0),
+        sm_warp_cycles=counters.sm_warp_cycles + weight * n_active,
+        # No warp is eligible over the skipped cycles (else the SM's next cycle is an event).
+        sm_stalls=counters.sm_stalls + stall_rows(selected=zero, not_selected=zero, long=zero, short=zero, wait=zero,
+                                                  barrier=weight * n_barrier, mio=weight * ready.mio_throttle,
+                                                  pipe=weight * ready.pipe_throttle),
     )
     drained = jnp.minimum(skipped + 1, 1 << 20) * QUEUE_ONE_TICK
     return replace(
@@ -97,7 +119,7 @@ def skip_to_next_event(
         acc=acc,
         cycle=state.cycle + cycles,
         mio=jnp.maximum(state.mio - cycles, 0),
-        launch_credit=collect(state.launch_credit, starved, cycles, free, launch),
+        launch_credit=collect(state.launch_credit, ready.starved, cycles, free, launch),
         q_l2=jnp.maximum(state.q_l2 - drained, 0),
         q_dram=jnp.maximum(state.q_dram - drained, 0),
         counters=counters,

@@ -10,22 +10,25 @@ from __future__ import annotations
 from dataclasses import replace
 
 import jax.numpy as jnp
+from jaxtyping import Array, Bool
 
 from ..lower import Launch
 from .state import INF, State
 
 
-def grid_barrier(state: State, launch: Launch) -> State:
-    """After the tick's SM cycles: complete the barrier if everyone arrived, release if due."""
+def grid_barrier(state: State, launch: Launch) -> tuple[State, Bool[Array, ""]]:
+    """After the tick's SM cycles: complete the barrier if everyone arrived, release if due.
+    Returns whether it released: then every live warp leaves the barrier (programs with `gsync`
+    have no CTA barriers), and each still waits for `intervals.release`."""
     k = state.tick
     live = jnp.sum(state.cta_live, dtype=jnp.int32)
     complete = (state.g_arrived > 0) & (state.g_arrived == live) & (state.g_release == INF)
     release_at = jnp.where(complete, k + launch.grid_sync_ticks, state.g_release)
     due = release_at == k
-    w = state.warps
-    return replace(
+    out = replace(
         state,
         g_arrived=jnp.where(complete, 0, state.g_arrived),
         g_release=jnp.where(due, INF, release_at),
-        warps=replace(w, at_barrier=w.at_barrier & ~due),
+        g_waiting=jnp.where(due, 0, state.g_waiting),
     )
+    return out, due

@@ -4,7 +4,7 @@
 Refilling a slot that a CTA has left takes issue cycles that the running warps leave idle, so a
 busy SM refills a freed slot late [cal]; a slot's first CTA needs no credit. A scheduler is *starved* in a cycle when none of its active
 warps is eligible or throttled (every one waits on a barrier, a scoreboard, a fixed latency or
-a refetch; or it has none). An SM with a free CTA slot collects one credit per starved
+a refetch; or it has none: no warp is ready, `status.ready_counts`). An SM with a free CTA slot collects one credit per starved
 scheduler-cycle, up to `launch_idle_cycles`; dispatch refills a slot only on an SM holding that
 much, and spends it.
 """
@@ -16,23 +16,12 @@ from jaxtyping import Array, Bool, Int
 
 from ..lower import Launch, Shapes
 from .state import State
-from .status import MIO_THROTTLE, NOT_SELECTED, PIPE_THROTTLE, field_mask
-
-# The reasons of a warp that is eligible or throttled; every other reason (or an empty slot) idles.
-_BUSY = field_mask((NOT_SELECTED, MIO_THROTTLE, PIPE_THROTTLE))
-
-
-def starved_schedulers(hist: Int[Array, "sm sched word"]) -> Int[Array, " sm"]:
-    """Per SM, the schedulers none of whose active warps is eligible or throttled, from the
-    packed start-of-cycle reason histogram (`status.reason_histogram`)."""
-    idle = jnp.all((hist & jnp.int32(_BUSY)) == 0, axis=2)
-    return jnp.sum(idle, axis=1, dtype=jnp.int32)
 
 
 def has_free_slot(state: State, launch: Launch, shapes: Shapes) -> Bool[Array, " sm"]:
     """Some CTA slot `j < ctas_per_sm` holds no CTA (usable yet or not)."""
-    in_range = jnp.arange(shapes.cta_slots, dtype=jnp.int32) < launch.ctas_per_sm
-    return jnp.any(in_range[None, :] & (state.cta_id < 0), axis=1)
+    in_range = jnp.arange(shapes.cta_slots, dtype=jnp.int32)[:, None] < launch.ctas_per_sm
+    return jnp.any(in_range & (state.cta_id < 0), axis=0)
 
 
 def collect(

@@ -98,18 +98,18 @@ class WarpProgram(NamedTuple):
     branch_end: Array
 
 
-def _of_warp(x: Array, warp_launch: Int[Array, "sm warp"]) -> Array:
+def _of_warp(x: Array, warp_launch: Int[Array, "warp sm"]) -> Array:
     """Per-launch value `x` for each warp: a static slice when there is one launch."""
     return x[0] if x.shape[0] == 1 else x[warp_launch]
 
 
-def warp_program(launches: Launches, warp_launch: Int[Array, "sm warp"]) -> WarpProgram:
+def warp_program(launches: Launches, warp_launch: Int[Array, "warp sm"]) -> WarpProgram:
     return WarpProgram(*(_of_warp(x, warp_launch) for x in (
         launches.loop_start, launches.loop_end, launches.branch_start, launches.branch_mid,
         launches.branch_end)))
 
 
-def instruction_fields(launches: Launches, warp_launch: Int[Array, "sm warp"], pc: Int[Array, "sm warp"]) -> Array:
+def instruction_fields(launches: Launches, warp_launch: Int[Array, "warp sm"], pc: Int[Array, "warp sm"]) -> Array:
     """The packed instruction-table row (instruction_table) at each warp's pc, from its
     launch's program: [sm, warp, 8]."""
     table = launches.instructions
@@ -117,8 +117,8 @@ def instruction_fields(launches: Launches, warp_launch: Int[Array, "sm warp"], p
 
 
 def op_and_dep(
-    launches: Launches, warp_launch: Int[Array, "sm warp"], pc: Int[Array, "sm warp"]
-) -> tuple[Int[Array, "sm warp"], Bool[Array, "sm warp"]]:
+    launches: Launches, warp_launch: Int[Array, "warp sm"], pc: Int[Array, "warp sm"]
+) -> tuple[Int[Array, "warp sm"], Bool[Array, "warp sm"]]:
     """The op class and dependency bit at each warp's pc: the only instruction fields the
     per-slot status needs, gathered from the narrow table `Launches.op_dep`."""
     table = launches.op_dep
@@ -163,7 +163,7 @@ def next_ready_tick(
     return jnp.min(jnp.where(pending, ready, INF))
 
 
-def per_launch_sum(x: Int[Array, "sm cta"], slot_launch: Int[Array, "sm cta"], n_launches: int) -> Int[Array, " launch"]:
+def per_launch_sum(x: Int[Array, "cta sm"], slot_launch: Int[Array, "cta sm"], n_launches: int) -> Int[Array, " launch"]:
     """Sum of a per-CTA-slot count over the slots of each launch."""
     if n_launches == 1:
         return jnp.sum(x, dtype=jnp.int32)[None]

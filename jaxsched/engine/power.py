@@ -76,7 +76,7 @@ def initial_dvfs(launch: Launch, dv: DvfsState) -> tuple[Int[Array, " sm"], Dvfs
 def _fold(dv: DvfsState, counters: Counters, launch: Launch, do: Bool[Array, ""]) -> DvfsState:
     """Energy fold of every SM at its domain's current voltage (if `do`)."""
     d = launch.dvfs
-    activity = (jnp.sum(_i64(d.e_op_pj)[None, :] * (counters.sm_issued_op - dv.snap_issued_op), axis=1)
+    activity = (jnp.sum(_i64(d.e_op_pj)[:, None] * (counters.sm_issued_op - dv.snap_issued_op), axis=0)
                 + _i64(d.e_cycle_pj) * (counters.sm_cycles - dv.snap_cycles))
     v = voltage_mv(launch, dv.domain_mhz)
     v_max = _i64(d.v_max_mv)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, NamedTuple, Sequence
+from typing import Callable, Sequence
 
 import equinox as eqx
 import jax
@@ -28,14 +28,12 @@ from ..kernel import Kernel
 from ..lower import (DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, policy_index, shapes_for,
                      validate, validate_dispatch)
 from ..workload import Workload
-from .cycle import run_tick
-from .dispatch import Variation, dispatch, variation_tables
-from .events import skip_to_next_event
-from .grid_barrier import grid_barrier
-from .launches import Launches, initial_ready, make_launches, single
-from .power import Domains, domains, dvfs_step, final_outputs, initial_dvfs
+from .dispatch import variation_tables
+from .launches import Launches, make_launches, single
+from .power import domains, final_outputs
 from .prepare import WorkloadInput, prepare_workload, workload_shapes
-from .state import STALL_REASONS, State, initial_state
+from .state import STALL_REASONS, State
+from .step import Run, loop
 
 MAX_TICKS = 1 << 30  # ~0.54 s at 1.98 GHz; int32 ticks leave headroom above it
 
@@ -128,87 +126,17 @@ class Result(eqx.Module):
         return (np.asarray(self.kernel_end_tick) + 1) * 1000.0 / np.asarray(self.tick_mhz)[..., None]
 
 
-class _Run(NamedTuple):
-    """What a configuration's event loop reads at every step (computed once per run)."""
-
-    launch: Launch
-    launches: Launches
-    variation: Variation
-    doms: Domains
-
-
-def _prepare(launch: Launch, shapes: Shapes, per: Launch | None, launches: Launches | None) -> _Run:
-    """A run's tables from its lowering (`run_launch` says what the arguments are)."""
+def _prepare(launch: Launch, shapes: Shapes, per: Launch | None, launches: Launches | None) -> Run:
+    """A run's tables from its lowering. `launch` holds what every launch shares (and `n_ctas`,
+    all launches' CTAs); a workload adds `per`, its launches' own lowerings stacked on a leading
+    axis, and `launches`, their tables. Without them `launch` is the only launch, without launch
+    overhead."""
     if per is None:
         launches = single(launch, shapes) if launches is None else launches
         variation = variation_tables(launch, shapes)
     else:
         variation = variation_tables(per, shapes, launches)
-    return _Run(launch, launches, variation, domains(launch))
-
-
-def _start(run: _Run, shapes: Shapes) -> State:
-    """The state at tick 0: clocks and DVFS at their start, launches without dependencies
-    ready, every SM holding a full launch credit."""
-    launch = run.launch
-    start = initial_state(shapes)
-    freq, dv = initial_dvfs(launch, start.dvfs)
-    return dataclasses.replace(start, freq=freq, dvfs=dv, kernel_ready=initial_ready(run.launches),
-                               dispatch_est=jnp.full_like(start.dispatch_est, launch.ema_prior_ticks),
-                               launch_credit=jnp.full_like(start.launch_credit, launch.launch_idle_cycles))
-
-
-def _step(run: _Run, state: State, shapes: Shapes) -> State:
-    """One event: the tick's SM cycles, the grid barrier, dispatch, DVFS, then the skip to the
-    next event (docs/model.md sections 7-13)."""
-    launch, launches = run.launch, run.launches
-    state = grid_barrier(run_tick(state, launch, shapes, launches), launch)
-    state = dispatch(state, launch, shapes, run.variation, state.tick, launches)
-    if shapes.dvfs:  # with DVFS off the step changes nothing (section 12)
-        state = dvfs_step(state, launch, shapes, run.doms)
-    return skip_to_next_event(state, launch, shapes, state.ctas_done >= launch.n_ctas, launches)
-
-
-def _running(run: _Run, state: State, max_ticks: int) -> Array:
-    """CTAs remain and the tick limit is not reached."""
-    return (state.ctas_done < run.launch.n_ctas) & (state.tick < max_ticks)
-
-
-def run_launch(
-    launch: Launch, shapes: Shapes, max_ticks: int, per: Launch | None = None, launches: Launches | None = None
-) -> State:
-    """The event loop of one configuration (vmappable; `_run_batch` runs a batch's own loop).
-    `launch` holds what every launch shares (and `n_ctas`, all launches' CTAs); a workload adds
-    `per`, its launches' own lowerings stacked on a leading axis, and `launches`, their tables.
-    Without them `launch` is the only launch, without launch overhead."""
-    return _loop(_prepare(launch, shapes, per, launches), shapes, max_ticks)
-
-
-def _loop(run: _Run, shapes: Shapes, max_ticks: int) -> State:
-    """One configuration's event loop, to its end."""
-    return jax.lax.while_loop(lambda s: _running(run, s, max_ticks), lambda s: _step(run, s, shapes),
-                              _start(run, shapes))
-
-
-def _batch_loop(runs: _Run, shapes: Shapes, max_ticks: int) -> State:
-    """The event loops of a batch (a leading axis on `runs`), run together until the last ends.
-
-    `vmap` of `_loop`'s `while_loop` would keep every configuration that has ended as it
-    was, with a select over its whole state at every step; the old warp arrays must then live
-    beside the new ones, and XLA copies them. Here the warp arrays are not selected: once a
-    configuration has ended, its steps still run, but on warps no result reads, and everything
-    the results do read stays as it was at the end."""
-
-    def body(states: State) -> State:
-        going = jax.vmap(lambda r, s: _running(r, s, max_ticks))(runs, states)
-        stepped = jax.vmap(lambda r, s: _step(r, s, shapes))(runs, states)
-        keep = lambda new, old: jnp.where(going.reshape(-1, *[1] * (new.ndim - 1)), new, old)  # noqa: E731
-        return dataclasses.replace(jax.tree.map(keep, stepped, states), warps=stepped.warps)
-
-    def any_running(states: State) -> Array:
-        return jnp.any(jax.vmap(lambda r, s: _running(r, s, max_ticks))(runs, states))
-
-    return jax.lax.while_loop(any_running, body, jax.vmap(lambda r: _start(r, shapes))(runs))
+    return Run(launch, launches, variation, domains(launch))
 
 
 def _lower_workload(workload: WorkloadInput, lower_one, shapes: Shapes) -> tuple[Launch, Launch, Launches]:
@@ -236,7 +164,7 @@ def _lower_config(
     dvfs: Dvfs,
     *,
     shapes: Shapes,
-) -> _Run:
+) -> Run:
     """One configuration's lowering and tables (a kernel, or a prepared workload)."""
 
     def lower_one(k: Kernel) -> Launch:
@@ -250,7 +178,7 @@ def _lower_config(
     return _prepare(launch, shapes, None, single(launch, shapes))
 
 
-def _result(final: State, run: _Run, arch: Arch, shapes: Shapes) -> Result:
+def _result(final: State, run: Run, arch: Arch, shapes: Shapes) -> Result:
     """The outputs of a run that ended in `final`."""
     launch, launches = run.launch, run.launches
     c = final.counters
@@ -266,10 +194,10 @@ def _result(final: State, run: _Run, arch: Arch, shapes: Shapes) -> Result:
         sm_cycles=c.sm_cycles,
         sm_busy_cycles=c.sm_busy_cycles,
         sm_issued=c.sm_issued,
-        sm_issued_op=c.sm_issued_op,
+        sm_issued_op=c.sm_issued_op.T,
         sm_active_lanes=c.sm_active_lanes,
         sm_warp_cycles=c.sm_warp_cycles,
-        sm_stalls=c.sm_stalls,
+        sm_stalls=c.sm_stalls.T,
         sm_ctas=c.sm_ctas,
         sm_items=c.sm_items,
         cta_sm=c.cta_sm,
@@ -285,15 +213,15 @@ def _result(final: State, run: _Run, arch: Arch, shapes: Shapes) -> Result:
 
 
 def _run_config(*config, shapes: Shapes, max_ticks: int) -> Result:
-    """One configuration (the arguments of `_lower_config`)."""
-    run = _lower_config(*config, shapes=shapes)
-    return _result(_loop(run, shapes, max_ticks), run, config[0], shapes)
+    """One configuration (the arguments of `_lower_config`): a batch of one."""
+    one = _run_batch(*jax.tree.map(lambda x: jnp.asarray(x)[None], config), shapes=shapes, max_ticks=max_ticks)
+    return jax.tree.map(lambda x: x[0], one)
 
 
 def _run_batch(*config, shapes: Shapes, max_ticks: int) -> Result:
-    """A batch of configurations (a leading axis on every argument) in one loop (`_batch_loop`)."""
+    """A batch of configurations (a leading axis on every argument) in one loop (`step.loop`)."""
     runs = jax.vmap(functools.partial(_lower_config, shapes=shapes))(*config)
-    final = _batch_loop(runs, shapes, max_ticks)
+    final, _ = loop(runs, shapes, max_ticks)
     return jax.vmap(lambda f, r, a: _result(f, r, a, shapes))(final, runs, config[0])
 
 

@@ -1,12 +1,15 @@
-"""The layout of the per-warp arrays: scheduler-major.
+"""The layout of the engine's arrays: the SM axis last, warp slots scheduler-major.
+
+Every per-SM array keeps its SM axis last: `[sm]`, per scheduler `[sched, sm]`, per CTA slot
+`[cta, sm]`, per warp slot `[warp, sm]`. A step's reductions run over schedulers, warps or CTA
+slots, never over SMs, so with SMs last they are elementwise over rows of SMs, which a CPU
+computes in SIMD lanes and a GPU in coalesced rows (benchmarks/RESULTS.md, session 11).
 
 The hardware puts warp slot `w = 4q + j` on scheduler `j` (docs/model.md section 7). The
-engine's `[sm, warp]` arrays hold slot `w` at position `p = j * n_q + q`, so that each
-scheduler's warps are contiguous: the per-scheduler reductions of every cycle (the warp
-selection, the stall-reason histogram) run over the minor axis, which a GPU reduces in
-coalesced rows rather than at a stride of 4 (benchmarks/RESULTS.md, session 10). Only the
-positions move: every rule reads the slot `w` itself where the slot number matters (which CTA
-slot a warp belongs to, its warp index within the CTA).
+engine holds slot `w` at position `p = j * n_q + q`, so that each scheduler's warps are
+contiguous: `[warp, sm]` is `[sched, q, sm]`. Only the positions move: every rule reads the slot
+`w` itself where the slot number matters (which CTA slot a warp belongs to, its warp index
+within the CTA).
 """
 
 from __future__ import annotations
@@ -18,15 +21,15 @@ from ..lower import Shapes
 
 
 def by_scheduler(x: Array, shapes: Shapes) -> Array:
-    """A per-warp array [sm, warp] viewed as [sm, sched, q]."""
-    return x.reshape(-1, shapes.schedulers, shapes.warps_per_scheduler)
+    """A per-warp array [warp, sm] viewed as [sched, q, sm]."""
+    return x.reshape(shapes.schedulers, shapes.warps_per_scheduler, -1)
 
 
 def per_warp(x: Array, shapes: Shapes) -> Array:
-    """Broadcast a per-scheduler value [sm, sched] to the warp positions [sm, warp]."""
-    n_sm = x.shape[0]
-    return jnp.broadcast_to(x[:, :, None], (n_sm, shapes.schedulers, shapes.warps_per_scheduler)).reshape(
-        n_sm, shapes.warp_slots)
+    """Broadcast a per-scheduler value [sched, sm] to the warp positions [warp, sm]."""
+    n_sm = x.shape[-1]
+    return jnp.broadcast_to(x[:, None, :], (shapes.schedulers, shapes.warps_per_scheduler, n_sm)).reshape(
+        shapes.warp_slots, n_sm)
 
 
 def q_index(shapes: Shapes) -> Int[Array, " warp"]:

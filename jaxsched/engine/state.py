@@ -1,8 +1,9 @@
 """The JAX engine's evolving state: SMs, warp slots, CTA slots, chip queues, counters.
 
 Shapes are static (`lower.Shapes`): `sm` SM slots, `warp` warp slots per SM (slot `4q + j`
-belongs to scheduler `j` and is held at position `j * n_q + q`: `slots.py`), `cta` CTA slots
-per SM, `grid` the per-CTA trace length.
+belongs to scheduler `j` and is held at position `j * n_q + q`), `cta` CTA slots per SM, `grid`
+the per-CTA trace length. The SM axis is last (`slots.py`); `Result` gives the per-SM
+counters SM-first.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ..isa import Op
 from ..lower import Shapes
 
 INF = jnp.iinfo(jnp.int32).max  # "never" for ticks and cycles
+NO_WARP = -1  # the pc of an empty or exited warp slot
 N_PIPES = 3  # FMA, ALU, SFU: the pipes with an issue interval (isa.Op values 0..2)
 N_STALLS = 8
 STALL_REASONS = (
@@ -30,20 +32,21 @@ STALL_REASONS = (
 
 
 class Warps(eqx.Module):
-    """Per warp slot."""
+    """Per warp slot. Every step reads `wake` and `issue_class` (and `age` for the warp policies) of every
+    slot; the other fields only for the warp a scheduler selects (`status.py`)."""
 
-    active: Bool[Array, "sm warp"]
-    pc: Int[Array, "sm warp"]
-    trips_left: Int[Array, "sm warp"]
-    lanes: Int[Array, "sm warp"]
-    if_lanes: Int[Array, "sm warp"]
-    age: Int[Array, "sm warp"]
-    at_barrier: Bool[Array, "sm warp"]
-    ready_fixed: Int[Array, "sm warp"]  # SM cycle
-    ready_mio: Int[Array, "sm warp"]  # SM cycle
-    ready_mem: Int[Array, "sm warp"]  # tick
-    ready_fetch: Int[Array, "sm warp"]  # SM cycle: refetch after a taken branch (section 7)
-    launch: Int[Array, "sm warp"]  # the workload launch whose program the warp runs
+    pc: Int[Array, "warp sm"]  # NO_WARP: empty or exited
+    trips_left: Int[Array, "warp sm"]
+    lanes: Int[Array, "warp sm"]
+    if_lanes: Int[Array, "warp sm"]
+    age: Int[Array, "warp sm"]
+    ready_fixed: Int[Array, "warp sm"]  # SM cycle
+    ready_mio: Int[Array, "warp sm"]  # SM cycle
+    ready_mem: Int[Array, "warp sm"]  # tick
+    ready_fetch: Int[Array, "warp sm"]  # SM cycle: refetch after a taken branch (section 7)
+    launch: Int[Array, "warp sm"]  # the workload launch whose program the warp runs
+    wake: Int[Array, "warp sm"]  # first SM cycle its scoreboard lets it issue; INF: no warp or at a barrier
+    issue_class: Int[Array, "warp sm"]  # throttle class of the instruction at pc (status.op_class)
 
 
 class DvfsState(eqx.Module):
@@ -59,7 +62,7 @@ class DvfsState(eqx.Module):
     temp_mk: Int[Array, " sm"]  # int64
     energy_pj: Int[Array, " sm"]  # int64
     energy_at_sample_pj: Int[Array, " sm"]  # int64
-    snap_issued_op: Int[Array, "sm op"]  # int64 counters at the last fold
+    snap_issued_op: Int[Array, "op sm"]  # int64 counters at the last fold
     snap_cycles: Int[Array, " sm"]  # int64
     next_sample: Int[Array, ""]
     n_sample: Int[Array, ""]
@@ -76,10 +79,10 @@ class Counters(eqx.Module):
     sm_cycles: Int[Array, " sm"]
     sm_busy_cycles: Int[Array, " sm"]
     sm_issued: Int[Array, " sm"]
-    sm_issued_op: Int[Array, "sm op"]  # by isa.Op class
+    sm_issued_op: Int[Array, "op sm"]  # by isa.Op class
     sm_active_lanes: Int[Array, " sm"]
     sm_warp_cycles: Int[Array, " sm"]
-    sm_stalls: Int[Array, "sm reason"]
+    sm_stalls: Int[Array, "reason sm"]
     sm_ctas: Int[Array, " sm"]
     sm_items: Int[Array, " sm"]  # work items taken (persistent kernels), int64
     cta_sm: Int[Array, " grid"]
@@ -95,23 +98,24 @@ class State(eqx.Module):
     mio: Int[Array, " sm"]  # MIO backlog, cycles
     # from when each pipe is free, in 1/64 cycle (fractional issue intervals, section 7); int64:
     # 64 x 2^30 cycles overflows int32
-    pipe_free64: Int[Array, "sm sched pipe"]
-    last: Int[Array, "sm sched"]  # last issued warp (q index) per scheduler, -1 none
+    pipe_free64: Int[Array, "pipe sched sm"]
+    last: Int[Array, "sched sm"]  # last issued warp (q index) per scheduler, -1 none
     launch_credit: Int[Array, " sm"]  # starved scheduler-cycles collected for CTA launches (section 7)
-    cta_id: Int[Array, "sm cta"]  # global CTA index g (docs/model.md section 13), -1 free
-    cta_launch: Int[Array, "sm cta"]  # launch of each slot's CTA (meaningful while occupied)
-    cta_live: Int[Array, "sm cta"]
-    cta_arrived: Int[Array, "sm cta"]
+    cta_id: Int[Array, "cta sm"]  # global CTA index g (docs/model.md section 13), -1 free
+    cta_launch: Int[Array, "cta sm"]  # launch of each slot's CTA (meaningful while occupied)
+    cta_live: Int[Array, "cta sm"]
+    cta_arrived: Int[Array, "cta sm"]
     resident: Int[Array, " sm"]  # CTAs resident
-    cta_start: Int[Array, "sm cta"]  # start tick of the CTA in each slot
-    cta_usable_tick: Int[Array, "sm cta"]  # a free slot takes a CTA from this tick (section 9)
-    cta_used: Bool[Array, "sm cta"]  # the slot has held a CTA: refilling it needs launch credit (section 9)
+    cta_start: Int[Array, "cta sm"]  # start tick of the CTA in each slot
+    cta_usable_tick: Int[Array, "cta sm"]  # a free slot takes a CTA from this tick (section 9)
+    cta_used: Bool[Array, "cta sm"]  # the slot has held a CTA: refilling it needs launch credit (section 9)
     dispatch_est: Int[Array, "launch sm"]  # closed-loop estimate of a CTA's duration, ticks (int64)
     dispatch_hold: Bool[Array, ""]  # closed loop held CTAs back this tick: re-evaluate next tick
     warps: Warps
     q_l2: Int[Array, ""]
     q_dram: Int[Array, ""]
     g_arrived: Int[Array, ""]  # warps arrived at the grid barrier
+    g_waiting: Int[Array, " sm"]  # warps of each SM at the grid barrier, until it releases
     g_release: Int[Array, ""]  # tick a completed grid barrier releases (INF: none pending)
     items_taken: Int[Array, ""]  # persistent kernels' global work-queue counter
     next_cta: Int[Array, " launch"]  # per launch, the next CTA to dispatch (local index)
@@ -137,36 +141,37 @@ def initial_state(shapes: Shapes) -> State:
         acc=zi(s),
         cycle=zi(s),
         mio=zi(s),
-        pipe_free64=zl(s, j, N_PIPES),
-        last=jnp.full((s, j), -1, jnp.int32),
+        pipe_free64=zl(N_PIPES, j, s),
+        last=jnp.full((j, s), -1, jnp.int32),
         launch_credit=zi(s),
-        cta_id=jnp.full((s, c), -1, jnp.int32),
-        cta_launch=zi(s, c),
-        cta_live=zi(s, c),
-        cta_arrived=zi(s, c),
+        cta_id=jnp.full((c, s), -1, jnp.int32),
+        cta_launch=zi(c, s),
+        cta_live=zi(c, s),
+        cta_arrived=zi(c, s),
         resident=zi(s),
-        cta_start=zi(s, c),
-        cta_usable_tick=zi(s, c),
-        cta_used=jnp.zeros((s, c), bool),
+        cta_start=zi(c, s),
+        cta_usable_tick=zi(c, s),
+        cta_used=jnp.zeros((c, s), bool),
         dispatch_est=zl(n, s),
         dispatch_hold=jnp.zeros((), bool),
         warps=Warps(
-            active=jnp.zeros((s, w), bool),
-            pc=zi(s, w),
-            trips_left=zi(s, w),
-            lanes=zi(s, w),
-            if_lanes=zi(s, w),
-            age=zi(s, w),
-            at_barrier=jnp.zeros((s, w), bool),
-            ready_fixed=zi(s, w),
-            ready_mio=zi(s, w),
-            ready_mem=zi(s, w),
-            ready_fetch=zi(s, w),
-            launch=zi(s, w),
+            pc=jnp.full((w, s), NO_WARP, jnp.int32),
+            trips_left=zi(w, s),
+            lanes=zi(w, s),
+            if_lanes=zi(w, s),
+            age=zi(w, s),
+            ready_fixed=zi(w, s),
+            ready_mio=zi(w, s),
+            ready_mem=zi(w, s),
+            ready_fetch=zi(w, s),
+            launch=zi(w, s),
+            wake=jnp.full((w, s), INF, jnp.int32),
+            issue_class=zi(w, s),
         ),
         q_l2=zi(),
         q_dram=zi(),
         g_arrived=zi(),
+        g_waiting=zi(s),
         g_release=jnp.full((), INF, jnp.int32),
         items_taken=zi(),
         next_cta=zi(n),
@@ -181,10 +186,10 @@ def initial_state(shapes: Shapes) -> State:
             sm_cycles=zl(s),
             sm_busy_cycles=zl(s),
             sm_issued=zl(s),
-            sm_issued_op=zl(s, n_op),
+            sm_issued_op=zl(n_op, s),
             sm_active_lanes=zl(s),
             sm_warp_cycles=zl(s),
-            sm_stalls=zl(s, N_STALLS),
+            sm_stalls=zl(N_STALLS, s),
             sm_ctas=zi(s),
             sm_items=zl(s),
             cta_sm=jnp.full((shapes.max_ctas,), -1, jnp.int32),
@@ -201,7 +206,7 @@ def initial_state(shapes: Shapes) -> State:
             temp_mk=zl(s),
             energy_pj=zl(s),
             energy_at_sample_pj=zl(s),
-            snap_issued_op=zl(s, n_op),
+            snap_issued_op=zl(n_op, s),
             snap_cycles=zl(s),
             next_sample=zi(),
             n_sample=zi(),

@@ -1,7 +1,15 @@
-"""What every warp slot is doing at a given SM cycle and tick (docs/model.md section 7).
+"""What every warp slot is doing at an SM cycle: the one per-warp pass of a step (docs/model.md
+sections 7 and 11).
 
-One function serves both uses: deciding who may issue in the cycle being executed, and, for
-event skipping, the stall reasons that hold until the next event and when each block clears.
+A warp slot keeps `wake`, the first SM cycle at which its scoreboard and refetch let it issue
+(INF: empty, exited or at a barrier), and `issue_class`, the throttle class of the instruction at its pc.
+So at cycle `c` a warp is *ready* (its stall reason is a throttle, `not_selected` or
+`selected`) exactly when `wake <= c`, and eligible when also its class is not throttled. The
+stall reasons of a blocked warp (`long_scoreboard`, `short_scoreboard`, `wait`) follow from its
+ready times alone, which change only when it issues: they are counted once, for the whole
+blocked interval, when the interval starts (`blocked_split`), instead of once per cycle. What
+the pass returns per scheduler, the number of ready warps of each class, then gives the
+throttle, `not_selected` and launch-credit counts of the cycle and of every skipped cycle.
 """
 
 from __future__ import annotations
@@ -12,109 +20,135 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..isa import Op
-from ..lower import Launch, Shapes
-from .launches import Launches, op_and_dep
 from .slots import by_scheduler, per_warp
-from .state import INF, N_PIPES, State
+from .state import INF, N_PIPES
 
-# Stall-reason codes (index into state.STALL_REASONS); -1 marks an empty or exited slot.
+# Stall-reason codes (index into state.STALL_REASONS).
 SELECTED, NOT_SELECTED, LONG_SB, SHORT_SB, WAIT, BARRIER, MIO_THROTTLE, PIPE_THROTTLE = range(8)
 
-
-class WarpStatus(NamedTuple):
-    """Per warp slot [sm, warp]: eligibility and blocking of the instruction at pc. What an
-    issue does (latencies, costs, lanes) is decoded per scheduler for the selected warp only
-    (`cycle.run_tick`), so the per-slot pass reads just the op class and the dependency bit."""
-
-    eligible: Bool[Array, "sm warp"]
-    reason: Int[Array, "sm warp"]  # stall reason if it does not issue; -1 if no warp
-    clear_cycle: Int[Array, "sm warp"]  # earliest cycle a cycle-counted block clears (INF: none)
-    clear_tick: Int[Array, "sm warp"]  # tick the long scoreboard clears (INF: not blocked)
+# Throttle classes: the pipes FMA, ALU, SFU (isa.Op 0..2), the MIO queue (LDS, LDG, SHFL), none
+# (BAR, EXIT).
+CLS_MIO, CLS_NONE = N_PIPES, N_PIPES + 1
+N_CLASSES = N_PIPES + 2
+_CLS_BITS = 6  # per class count of a packed word: up to 63 warps of one scheduler (127 slots / 4)
 
 
-def warp_status(
-    state: State, launch: Launch, shapes: Shapes, cycle: Int[Array, " sm"], tick: Int[Array, ""],
-    launches: Launches,
-) -> WarpStatus:
-    """Each warp reads its own launch's program (`launches`, docs/model.md section 13)."""
-    w = state.warps
-    pc = jnp.clip(w.pc, 0, shapes.n_instr - 1)
-    op, dep = op_and_dep(launches, w.launch, pc)
-    c = cycle[:, None]
+def op_class(op: Int[Array, "..."]) -> Int[Array, "..."]:
+    """The throttle class of an instruction class (isa.Op)."""
+    mio = (op == Op.LDS) | (op == Op.LDG) | (op == Op.SHFL)
+    return jnp.where(op < N_PIPES, op, jnp.where(mio, CLS_MIO, CLS_NONE)).astype(jnp.int32)
 
-    long_sb = dep & (tick < w.ready_mem)
-    short_sb = dep & (c < w.ready_mio)
-    # A warp refetching after a taken branch is blocked whatever dep says; it counts as `wait`.
-    fetch = c < w.ready_fetch
-    wait = (dep & (c < w.ready_fixed)) | fetch
-    is_mio = (op == Op.LDS) | (op == Op.SHFL) | (op == Op.LDG)
-    mio = state.mio[:, None]
-    mio_throttle = is_mio & (mio >= launch.mio_depth)
-    has_pipe = op < N_PIPES
-    # The pipe takes an instruction in the cycle in which it frees: busy while c < its free cycle
-    # floor(pipe_free64 / 64) (docs/model.md sections 7 and 11).
-    free_cycle = (state.pipe_free64 >> 6).astype(jnp.int32)
-    pipe_free = per_warp(free_cycle[..., 0], shapes)
-    pipe_free = jnp.where(op == 1, per_warp(free_cycle[..., 1], shapes), pipe_free)
-    pipe_free = jnp.where(op == 2, per_warp(free_cycle[..., 2], shapes), pipe_free)
-    pipe_throttle = has_pipe & (c < pipe_free)
 
-    live = w.active & ~w.at_barrier
-    eligible = live & ~(long_sb | short_sb | wait | mio_throttle | pipe_throttle)
-    reason = jnp.select(
-        [~w.active, w.at_barrier, long_sb, short_sb, wait, mio_throttle, pipe_throttle],
-        [-1, BARRIER, LONG_SB, SHORT_SB, WAIT, MIO_THROTTLE, PIPE_THROTTLE],
-        NOT_SELECTED,
+def throttled(pipe_free64: Int[Array, "pipe sched sm"], mio: Int[Array, " sm"], mio_depth: Int[Array, ""],
+              cycle: Int[Array, " sm"]) -> Int[Array, "sched sm"]:
+    """Per scheduler, a bit per throttled class at `cycle`: a pipe busy in it (it takes an
+    instruction in the cycle in which it frees: busy while `cycle < floor(pipe_free64 / 64)`),
+    and the MIO class when the SM's backlog is at its depth."""
+    busy = cycle < (pipe_free64 >> 6)
+    bits = jnp.sum(jnp.where(busy, 1 << jnp.arange(N_PIPES)[:, None, None], 0), axis=0, dtype=jnp.int32)
+    return bits | jnp.where(mio >= mio_depth, 1 << CLS_MIO, 0)
+
+
+class Scan(NamedTuple):
+    """The per-warp pass at each SM's cycle."""
+
+    eligible: Bool[Array, "warp sm"]
+    ready: Int[Array, "sched sm"]  # ready warps per class, packed (`class_counts`)
+    next_wake: Int[Array, " sm"]  # the earliest wake of a warp not ready yet (INF: none)
+
+
+def scan(wake: Int[Array, "warp sm"], cls: Int[Array, "warp sm"], throttle: Int[Array, "sched sm"],
+         cycle: Int[Array, " sm"], shapes) -> Scan:
+    """Ready and eligible warps at `cycle`, counted per scheduler and class."""
+    ready = wake <= cycle
+    held = (per_warp(throttle, shapes) >> cls) & 1
+    packed = jnp.where(ready, jnp.int32(1) << (_CLS_BITS * cls), 0)
+    return Scan(
+        eligible=ready & (held == 0),
+        ready=jnp.sum(by_scheduler(packed, shapes), axis=1, dtype=jnp.int32),
+        next_wake=jnp.min(jnp.where(ready, INF, wake), axis=0),
     )
 
-    clear = jnp.minimum(
-        jnp.minimum(jnp.where(short_sb, w.ready_mio, INF),
-                    jnp.where(fetch, w.ready_fetch, jnp.where(wait, w.ready_fixed, INF))),
-        jnp.minimum(
-            jnp.where(mio_throttle, c + mio - launch.mio_depth + 1, INF),
-            jnp.where(pipe_throttle, pipe_free, INF),
-        ),
+
+def one_of_class(cls: Int[Array, "..."]) -> Int[Array, "..."]:
+    """One warp of class `cls` in a packed count."""
+    return jnp.int32(1) << (_CLS_BITS * cls)
+
+
+def class_bits(x: Int[Array, "..."]) -> Int[Array, "cls ..."]:
+    """Bit `c` of `x` for every class `c`, on a new leading axis."""
+    return (x[None] >> jnp.arange(N_CLASSES, dtype=jnp.int32).reshape(-1, *[1] * x.ndim)) & 1
+
+
+def class_counts(packed: Int[Array, "sched sm"]) -> Int[Array, "cls sched sm"]:
+    """Unpack per-class counts."""
+    shift = _CLS_BITS * jnp.arange(N_CLASSES, dtype=jnp.int32).reshape(-1, *[1] * packed.ndim)
+    return (packed[None] >> shift) & ((1 << _CLS_BITS) - 1)
+
+
+class Ready(NamedTuple):
+    """Per SM, how the ready warps of a cycle count (docs/model.md section 7)."""
+
+    eligible: Int[Array, " sm"]  # not throttled: `selected` or `not_selected`
+    mio_throttle: Int[Array, " sm"]
+    pipe_throttle: Int[Array, " sm"]
+    starved: Int[Array, " sm"]  # schedulers with no ready warp (launch credit)
+
+
+def ready_counts(packed: Int[Array, "sched sm"], throttle: Int[Array, "sched sm"]) -> Ready:
+    counts = class_counts(packed)
+    stuck = counts * class_bits(throttle)
+    return Ready(
+        eligible=jnp.sum(counts - stuck, axis=(0, 1), dtype=jnp.int32),
+        mio_throttle=jnp.sum(stuck[CLS_MIO], axis=0, dtype=jnp.int32),
+        pipe_throttle=jnp.sum(stuck[:N_PIPES], axis=(0, 1), dtype=jnp.int32),
+        starved=jnp.sum(packed == 0, axis=0, dtype=jnp.int32),
     )
-    clear = jnp.where(eligible, c, jnp.where(live, clear, INF))
-    clear_tick = jnp.where(live & long_sb, w.ready_mem, INF)
-    return WarpStatus(eligible=eligible, reason=reason, clear_cycle=clear, clear_tick=clear_tick)
 
 
-_BITS = 4  # per counter of a packed histogram word
+def cycles_in(freq: Int[Array, "..."], acc: Int[Array, "..."], tick_mhz: Int[Array, ""],
+              ticks: Int[Array, "..."]) -> Int[Array, "..."]:
+    """Cycles an SM at `freq` with phase accumulator `acc` executes in the next `ticks` ticks
+    (docs/model.md section 2). Splits ticks = a F + b so that nothing overflows int32."""
+    a, b = ticks // tick_mhz, ticks % tick_mhz
+    return a * freq + (acc + b * freq) // tick_mhz
 
 
-def _warps_per_word(shapes: Shapes) -> int:
-    """The most warps of one scheduler a packed word counts: a divisor of its warps, at most 15,
-    so that no 4-bit counter overflows."""
-    return max(d for d in range(1, 16) if shapes.warps_per_scheduler % d == 0)
+class Blocked(NamedTuple):
+    """A warp's next blocked interval, from cycle `start` on (docs/model.md section 7)."""
+
+    long: Int[Array, "..."]  # cycles of long_scoreboard
+    short: Int[Array, "..."]
+    wait: Int[Array, "..."]
+    wake: Int[Array, "..."]  # the first cycle it is ready
 
 
-def reason_histogram(reason: Int[Array, "sm warp"], shapes: Shapes) -> Int[Array, "sm sched word"]:
-    """Per scheduler, how many of its warps hold each stall reason, packed: one pass instead of
-    one per reason and per use (the stall counters, the active-warp count and launch-credit
-    starvation all read it). A warp's status is never `selected` (0), so each warp with a reason
-    r >= 1 adds 1 << 4 (r - 1) to an int32 word of seven 4-bit counters; empty slots add 0. A
-    word counts at most 15 warps of one scheduler (`_warps_per_word`), so a scheduler has one
-    word or several. int32 rather than one int64 word per SM: GPUs emulate 64-bit shifts and
-    adds. `per_sm_counts` and `launch_credit.starved_schedulers` read it."""
-    bits = jnp.where(reason > 0, jnp.int32(1) << (_BITS * jnp.maximum(reason - 1, 0)), 0)
-    grouped = by_scheduler(bits, shapes)
-    return jnp.sum(grouped.reshape(*grouped.shape[:2], -1, _warps_per_word(shapes)), axis=3, dtype=jnp.int32)
+def blocked_split(dep: Bool[Array, "..."], ready_fixed: Array, ready_mio: Array, ready_fetch: Array,
+                  mem_cycle: Array, start: Array) -> Blocked:
+    """The stall reasons of a warp from cycle `start` until it is ready, first match: long
+    scoreboard before `mem_cycle` (the SM's first cycle at or after the tick `ready_mem`), then
+    short scoreboard before `ready_mio`, then wait before `ready_fixed` and before `ready_fetch`
+    (the refetch blocks whatever `dep` says). Ready times change only when the warp issues, so
+    the whole interval is known when it starts."""
+    mem = jnp.where(dep, mem_cycle, 0)
+    mio = jnp.where(dep, ready_mio, 0)
+    until = jnp.maximum(jnp.where(dep, ready_fixed, 0), ready_fetch)
+    after_long = jnp.maximum(start, mem)
+    after_short = jnp.maximum(after_long, mio)
+    return Blocked(long=jnp.maximum(mem - start, 0), short=jnp.maximum(mio - after_long, 0),
+                   wait=jnp.maximum(until - after_short, 0), wake=jnp.maximum(after_short, until))
 
 
-def field_mask(reasons: tuple[int, ...]) -> int:
-    """The bits of a packed histogram word that count `reasons` (each >= 1)."""
-    return sum(((1 << _BITS) - 1) << (_BITS * (r - 1)) for r in reasons)
+def mem_cycle(ready_mem: Array, tick: Int[Array, ""], cycle: Array, freq: Array, acc: Array,
+              tick_mhz: Int[Array, ""]) -> Array:
+    """The first cycle an SM executes at or after tick `ready_mem`, seen after tick `tick` (with
+    `cycle` cycles executed and accumulator `acc`, at `freq` from the next tick on): the cycles
+    of ticks `tick + 1 .. ready_mem - 1` follow."""
+    return cycle + cycles_in(freq, acc, tick_mhz, jnp.maximum(ready_mem - tick - 1, 0))
 
 
-def per_sm_counts(packed: Int[Array, "sm sched word"]) -> Int[Array, "sm 8"]:
-    """Per SM, the warps holding each stall reason (index 0, `selected`, is 0: the caller moves
-    the issuing warps there)."""
-    fields = (packed[..., None] >> (_BITS * jnp.arange(7, dtype=jnp.int32))) & ((1 << _BITS) - 1)
-    counts = jnp.sum(fields, axis=(1, 2), dtype=jnp.int32)
-    return jnp.concatenate([jnp.zeros_like(counts[:, :1]), counts], axis=1)
-
-
-def count_reasons(counts: Int[Array, "sm 8"], weight: Int[Array, " sm"]) -> Int[Array, "sm 8"]:
-    """Per-SM stall-reason counts times `weight` cycles, int64."""
-    return counts.astype(jnp.int64) * weight.astype(jnp.int64)[:, None]
+def stall_rows(**rows: Array) -> Int[Array, "reason sm"]:
+    """Per-SM stall counts in `state.STALL_REASONS` order from named rows (int64): selected,
+    not_selected, long, short, wait, barrier, mio, pipe."""
+    order = ("selected", "not_selected", "long", "short", "wait", "barrier", "mio", "pipe")
+    return jnp.stack([jnp.asarray(rows[name]).astype(jnp.int64) for name in order])

@@ -1,0 +1,82 @@
+"""Blocked intervals that start or change outside an issue (docs/model.md section 11).
+
+A warp's blocked interval is counted when it starts (`status.blocked_split`). Two things other
+than its own issue start or change one: a barrier release (the released warps' next instruction
+starts its interval at the SM's next cycle), and a clock change (DVFS, section 12), which moves
+the cycle at which a pending memory result arrives, since memory latencies run in ticks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import NamedTuple
+
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Int
+
+from ..lower import Launch, Shapes
+from .launches import Launches, op_and_dep
+from .slots import hardware_slot
+from .state import INF, NO_WARP, Counters, Warps
+from .status import LONG_SB, WAIT, Blocked, blocked_split, mem_cycle
+
+
+def _totals(b: Blocked, mask: Bool[Array, "warp sm"]) -> Int[Array, "3 sm"]:
+    """Per SM, the (long, short, wait) cycles of the masked warps' intervals."""
+    return jnp.stack([jnp.sum(jnp.where(mask, x, 0), axis=0, dtype=jnp.int64) for x in (b.long, b.short, b.wait)])
+
+
+def count(counters: Counters, cycles: Int[Array, "3 sm"]) -> Counters:
+    """Add per-SM (long, short, wait) interval cycles to the stall counters."""
+    return replace(counters, sm_stalls=counters.sm_stalls.at[LONG_SB:WAIT + 1].add(cycles))
+
+
+def _dep(w: Warps, launches: Launches, shapes: Shapes) -> Bool[Array, "warp sm"]:
+    return op_and_dep(launches, w.launch, jnp.clip(w.pc, 0, shapes.n_instr - 1))[1]
+
+
+class Clock(NamedTuple):
+    """Where every SM's clock stands after a tick: its cycles executed, phase accumulator and
+    frequency (docs/model.md section 2), and the tick. `materialize.when` needs these as
+    arguments: what its function computes from them is then not hoisted out of its loop."""
+
+    tick: Int[Array, ""]
+    cycle: Int[Array, " sm"]
+    acc: Int[Array, " sm"]
+    freq: Int[Array, " sm"]
+
+
+def cta_warps(released: Bool[Array, "cta sm"], w: Warps, launch: Launch, shapes: Shapes) -> Bool[Array, "warp sm"]:
+    """The live warps of the CTA slots `released` (at a release, all of them wait at the
+    barrier)."""
+    cta_of_warp = jnp.minimum(hardware_slot(shapes) // launch.warps_per_cta, shapes.cta_slots - 1)
+    return released[cta_of_warp] & (w.pc != NO_WARP)
+
+
+def release(w: Warps, released: Bool[Array, "warp sm"], clock: Clock, launch: Launch, shapes: Shapes,
+            launches: Launches) -> tuple[Int[Array, "warp sm"], Int[Array, "3 sm"]]:
+    """Warps leaving a barrier after tick `clock.tick`: their interval starts at the SM's next
+    cycle. Returns every warp's wake and the intervals' (long, short, wait) cycles per SM."""
+    start = clock.cycle
+    m = mem_cycle(w.ready_mem, clock.tick, start, clock.freq, clock.acc, launch.tick_mhz)
+    b = blocked_split(_dep(w, launches, shapes), w.ready_fixed, w.ready_mio, w.ready_fetch, m, start)
+    return jnp.where(released, b.wake, w.wake), _totals(b, released)
+
+
+def reclock(w: Warps, clock: Clock, old_freq: Int[Array, " sm"], launch: Launch, shapes: Shapes,
+            launches: Launches) -> tuple[Int[Array, "warp sm"], Int[Array, "3 sm"]]:
+    """After a clock change at the end of tick `clock.tick` (from `old_freq` to `clock.freq`):
+    the warps waiting on memory (past the next tick) re-split the rest of their interval, from
+    the SM's next cycle, at the new clock. Returns every warp's wake and the change in the
+    counts. The cycles before it ran at the old clock and stay as counted."""
+    k = clock.tick
+    dep = _dep(w, launches, shapes)
+    pending = dep & (w.ready_mem > k + 1) & (w.wake < INF)
+    start = clock.cycle
+
+    def split(freq: Int[Array, " sm"]) -> Blocked:
+        m = mem_cycle(w.ready_mem, k, start, freq, clock.acc, launch.tick_mhz)
+        return blocked_split(dep, w.ready_fixed, w.ready_mio, w.ready_fetch, m, start)
+
+    old, new = split(old_freq), split(clock.freq)
+    return jnp.where(pending, new.wake, w.wake), _totals(new, pending) - _totals(old, pending)

@@ -1,0 +1,175 @@
+"""A batch's event loop: every configuration's ticks, one event at a time (docs/model.md
+sections 7-13).
+
+A step is vmapped per configuration phase by phase, and what a phase rarely needs to do runs at
+the batch level: the dispatcher's placement loop (until no configuration has a CTA to place),
+and the per-warp work of barrier releases, CTA launches and clock changes (`materialize.when`:
+only in steps where some configuration needs it). Under `vmap`, a loop or a conditional would
+select every configuration's whole carry at every iteration; at the batch level a
+configuration that has nothing to do keeps its values by construction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Int
+
+from ..lower import Launch, Shapes
+from .cycle import run_tick
+from .dispatch import Variation, commit, has_work, launch_warps, place, placed, plan
+from .events import skip_to_next_event
+from .grid_barrier import grid_barrier
+from .intervals import Clock, cta_warps, reclock, release
+from .launches import Launches, initial_ready
+from .materialize import when
+from .power import Domains, dvfs_step, initial_dvfs
+from .state import NO_WARP, State, initial_state
+from .status import LONG_SB, WAIT
+
+
+class Run(NamedTuple):
+    """What a configuration's event loop reads at every step (computed once per run)."""
+
+    launch: Launch
+    launches: Launches
+    variation: Variation
+    doms: Domains
+
+
+def start(run: Run, shapes: Shapes) -> State:
+    """The state at tick 0: clocks and DVFS at their start, launches without dependencies
+    ready, every SM holding a full launch credit."""
+    launch = run.launch
+    state = initial_state(shapes)
+    freq, dv = initial_dvfs(launch, state.dvfs)
+    return dataclasses.replace(state, freq=freq, dvfs=dv, kernel_ready=initial_ready(run.launches),
+                               dispatch_est=jnp.full_like(state.dispatch_est, launch.ema_prior_ticks),
+                               launch_credit=jnp.full_like(state.launch_credit, launch.launch_idle_cycles))
+
+
+def running(run: Run, state: State, max_ticks: int) -> Array:
+    """CTAs remain and the tick limit is not reached."""
+    return (state.ctas_done < run.launch.n_ctas) & (state.tick < max_ticks)
+
+
+def _clocks(states: State) -> Clock:
+    return Clock(states.tick, states.cycle, states.acc, states.freq)
+
+
+def _rewake(runs: Run, states: State, pred: Array, fn: Callable, arg) -> State:
+    """Where `pred` (for any configuration): every warp's wake and interval counts from
+    `fn(run, state, warps, arg, clock, op_dep)` -> (wake, (long, short, wait) cycles per SM).
+    `fn` reads the instruction table through `op_dep`, tied to the loop with `arg` and the clocks,
+    so that XLA does not hoist its per-warp work out of `when` (which would run it every step)."""
+
+    def body(carry: tuple, arg, clock: Clock, op_dep: Array) -> tuple:
+        def one(run, state, wake, stalls, a, ck, table):
+            w = dataclasses.replace(state.warps, wake=wake)
+            new_wake, cycles = fn(run, state, w, a, ck, dataclasses.replace(run.launches, op_dep=table))
+            return new_wake, stalls.at[LONG_SB:WAIT + 1].add(cycles)
+
+        return jax.vmap(one)(runs, states, *carry, arg, clock, op_dep)
+
+    wake, stalls = when(jnp.any(pred), body, (states.warps.wake, states.counters.sm_stalls), arg, _clocks(states),
+                        runs.launches.op_dep)
+    return dataclasses.replace(states, warps=dataclasses.replace(states.warps, wake=wake),
+                               counters=dataclasses.replace(states.counters, sm_stalls=stalls))
+
+
+def _dispatch(runs: Run, states: State, shapes: Shapes) -> State:
+    """Section 9: the batch's placement loop, then the placed CTAs' warps (when any)."""
+    v = jax.vmap
+    slots, plans = v(lambda r, s: plan(s, r.launch, shapes, s.tick))(runs, states)
+
+    def work(sl) -> Array:
+        return jnp.any(v(lambda r, x, p: has_work(x, p, r.launch, r.launches))(runs, sl, plans))
+
+    slots = jax.lax.while_loop(work, lambda sl: v(lambda r, x, p: place(x, p, r.launch, r.launches, shapes))(
+        runs, sl, plans), slots)
+
+    def start_warps(carry: tuple, sl) -> tuple:
+        return v(lambda r, s, w, x: launch_warps(dataclasses.replace(s, warps=w), x, r.launch, shapes, r.variation,
+                                                 r.launches))(runs, states, carry[0], sl)
+
+    warps, took = when(jnp.any(v(placed)(states, slots)), start_warps,
+                       (states.warps, jnp.zeros_like(states.resident)), slots)
+    states = dataclasses.replace(states, warps=warps)
+    return v(lambda r, s, x, t: commit(s, x, t, r.launch, shapes))(runs, states, slots, took)
+
+
+def step(runs: Run, states: State, shapes: Shapes) -> State:
+    """One event of every configuration: the tick's SM cycles, barrier releases, the grid
+    barrier, dispatch, DVFS, then the skip to the next event. An SM whose warps anything after
+    its cycles touched (a release, new CTAs, a clock change) has its next cycle as an event."""
+    v = jax.vmap
+    one = jnp.minimum(jnp.min(runs.launch.tick_mhz), 1)  # a traced 1 (`materialize.once`)
+    states, looks, released = v(lambda r, s: run_tick(s, r.launch, shapes, r.launches, one))(runs, states)
+
+    def cta_release(r, s, w, rel, clock, launches):
+        return release(w, cta_warps(rel, w, r.launch, shapes), clock, r.launch, shapes, launches)
+
+    states = _rewake(runs, states, released, cta_release, released)
+    states, due = v(lambda r, s: grid_barrier(s, r.launch))(runs, states)
+
+    def grid_release(r, s, w, go, clock, launches):
+        return release(w, go & (w.pc != NO_WARP), clock, r.launch, shapes, launches)
+
+    states = _rewake(runs, states, due, grid_release, due)
+    ctas = states.counters.sm_ctas
+    states = _dispatch(runs, states, shapes)
+    changed = looks.changed | due[:, None] | (states.counters.sm_ctas != ctas)
+    if shapes.dvfs:  # with DVFS off the step changes nothing (section 12)
+        old = states.freq
+        states = v(lambda r, s: dvfs_step(s, r.launch, shapes, r.doms))(runs, states)
+        moved = states.freq != old
+
+        def follow(r, s, w, old_freq, clock, launches):
+            return reclock(w, clock, old_freq, r.launch, shapes, launches)
+
+        states = _rewake(runs, states, moved, follow, old)
+        changed = changed | moved
+    return v(lambda r, s, o: skip_to_next_event(s, r.launch, shapes, s.ctas_done >= r.launch.n_ctas, r.launches, o))(
+        runs, states, looks._replace(changed=changed))
+
+
+def _frozen(state: State) -> dict:
+    """What results read that an ended configuration's steps would still change: its clocks keep
+    ticking (cycles, DVFS), and a configuration stopped by the tick limit keeps running."""
+    c = state.counters
+    return dict(tick=state.tick, ctas_done=state.ctas_done, last_exit_tick=state.last_exit_tick,
+                kernel_ready=state.kernel_ready, kernel_start=state.kernel_start, kernel_end=state.kernel_end,
+                freq=state.freq, dvfs=state.dvfs,
+                counters=dataclasses.replace(c, cta_sm=None, cta_start_tick=None, cta_end_tick=None))
+
+
+def loop(runs: Run, shapes: Shapes, max_ticks: int, begin: State | None = None) -> tuple[State, Int[Array, ""]]:
+    """The event loops of a batch (a leading axis on `runs`), run together until the last ends
+    (from `begin`, default tick 0), and the number of steps they took.
+
+    Once a configuration has ended its steps still run (until the batch's last ends); only what
+    results read and a step still changes (`_frozen`) is kept from its end. The per-CTA trace,
+    the warps and the CTA slots of an ended configuration change no more: its CTAs are all done."""
+
+    def body(carry: tuple[State, Array]) -> tuple[State, Array]:
+        states, n = carry
+        going = jax.vmap(lambda r, s: running(r, s, max_ticks))(runs, states)
+        stepped = step(runs, states, shapes)
+
+        def keep(new, old):
+            return None if new is None else jnp.where(going.reshape(-1, *[1] * (new.ndim - 1)), new, old)
+
+        kept = jax.tree.map(keep, _frozen(stepped), _frozen(states), is_leaf=lambda x: x is None)
+        counters = dataclasses.replace(kept.pop("counters"), cta_sm=stepped.counters.cta_sm,
+                                       cta_start_tick=stepped.counters.cta_start_tick,
+                                       cta_end_tick=stepped.counters.cta_end_tick)
+        return dataclasses.replace(stepped, counters=counters, **kept), n + 1
+
+    def any_running(carry: tuple[State, Array]) -> Array:
+        return jnp.any(jax.vmap(lambda r, s: running(r, s, max_ticks))(runs, carry[0]))
+
+    begin = jax.vmap(lambda r: start(r, shapes))(runs) if begin is None else begin
+    return jax.lax.while_loop(any_running, body, (begin, jnp.int32(0)))
