@@ -6,7 +6,7 @@ under `jax.profiler`, reads the time of every fused kernel from the trace, and a
 the engine's source lines through the stack frames that the compiled HLO records for each
 instruction (a fusion's time is split over its instructions' lines in proportion to their
 number). Prints JSON: the run's wall and CPU seconds, the share of per-warp fusions
-(`[batch, sm, warp]` arrays) and their element operations per warp slot, and the top fusions,
+(`[batch, warp, sm]` arrays) and their element operations per warp slot, and the top fusions,
 functions and lines: the view to use when changing the step (RESULTS.md, "Where the time
 goes").
 
@@ -88,7 +88,7 @@ def attribute(hlo: str, times_us: collections.Counter, top: int) -> dict:
         frames = collections.Counter(lines.get(f, "?") for f in re.findall(r"stack_frame_id=(\d+)", body))
         for where, n in frames.items():
             by_line[where] += us * n / max(sum(frames.values()), 1)
-        per_warp = bool(re.search(r"\[\d+,\d+,64\]|\[\d{5,},", shape))
+        per_warp = bool(re.search(r"\[\d+,64,\d+\]|\[\d{5,},", shape))
         if per_warp:
             per_warp_us, per_warp_ops = per_warp_us + us, per_warp_ops + ops
         fusions.append({"name": name, "ms": round(us / 1e3, 1), "shape": shape[:60], "ops": ops,

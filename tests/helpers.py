@@ -5,11 +5,15 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import strategies as st
 
+import jax
+
 import jaxsched as js
 from jaxsched import clocks
+from jaxsched.engine.run import Result, simulate_batch
 from jaxsched.hierarchy import build_hierarchy
 from jaxsched.isa import Op
 from jaxsched.kernel import make_kernel
+from jaxsched.lower import DISPATCH_POLICIES, WARP_POLICIES
 
 N_INSTR = 16  # programs are padded to this length so one compilation serves every example
 MAX_GRID = 48
@@ -155,3 +159,18 @@ mean_ghz = 1.8
 [grid]
 {grid}
 """
+
+
+def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: str = "gto", dispatch: str = "hardware",
+                    dispatch_start: int = 0, dispatch_weight=None, ema_alpha: float = 0.25, ema_prior_ns: float = 0.0,
+                    dvfs=None, trace_len: int = 0) -> Result:
+    """`simulate` with `reference.simulate`'s arguments, as one configuration of a batch padded to
+    the largest static sizes the strategies draw (every CTA slot of the chip, `MAX_GRID` CTAs,
+    the DVFS step compiled in): a kernel's sizes otherwise follow its occupancy and grid, and
+    every hypothesis example would compile anew."""
+    grid = sum(int(k.grid_ctas) for k in kernel.kernels) if isinstance(kernel, js.Workload) else int(kernel.grid_ctas)
+    batch = simulate_batch([arch], [kernel], [clocks], [WARP_POLICIES.index(warp_policy)],
+                           [DISPATCH_POLICIES.index(dispatch)], [dispatch_start], dispatch_weight=[dispatch_weight],
+                           ema_alpha=ema_alpha, ema_prior_ns=ema_prior_ns, dvfs=[dvfs], trace_len=trace_len,
+                           dvfs_step=True, cta_slots=int(arch.max_blocks_per_sm), max_ctas=max(MAX_GRID, grid))
+    return jax.tree.map(lambda x: x[0], batch)

@@ -9,11 +9,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from jaxsched import dvfs, reference
-from jaxsched.engine.run import simulate
 from jaxsched.errors import JaxschedError
 from jaxsched.isa import Op
 
-from helpers import configurations
+from helpers import configurations, simulate_padded
 from test_engine_vs_reference import assert_same
 
 TRACE_LEN = 6
@@ -75,7 +74,7 @@ def test_engine_equals_reference_with_dvfs(cfg: dict) -> None:
         ref = reference.simulate(**cfg)
     except JaxschedError:
         return
-    result = simulate(**cfg)
+    result = simulate_padded(**cfg)
     assert_same(result, ref)
     np.testing.assert_array_equal(result.sm_issued_op, ref["sm_issued_op"], err_msg="sm_issued_op")
     for key in DVFS_KEYS:

@@ -9,10 +9,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from jaxsched import reference
-from jaxsched.engine.run import simulate, simulate_batch
+from jaxsched.engine.run import simulate_batch
 from jaxsched.errors import JaxschedError
 
-from helpers import MAX_GRID, configurations
+from helpers import MAX_GRID, configurations, simulate_padded
 
 INT_KEYS = ("sm_cycles", "sm_busy_cycles", "sm_issued", "sm_issued_op", "sm_active_lanes", "sm_warp_cycles",
             "sm_stalls", "sm_ctas")
@@ -35,9 +35,9 @@ def _run_pair(cfg: dict):
         ref = reference.simulate(**cfg)
     except JaxschedError:
         with pytest.raises(JaxschedError):
-            simulate(**cfg)
+            simulate_padded(**cfg)
         return None, None
-    return simulate(**cfg), ref
+    return simulate_padded(**cfg), ref
 
 
 @settings(max_examples=75, deadline=None, suppress_health_check=[HealthCheck.too_slow])

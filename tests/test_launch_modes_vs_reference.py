@@ -10,11 +10,10 @@ from hypothesis import strategies as st
 
 import jaxsched as js
 from jaxsched import reference
-from jaxsched.engine.run import simulate
 from jaxsched.errors import JaxschedError
 from jaxsched.kernel import make_kernel, resident_grid
 
-from helpers import N_INSTR, configurations
+from helpers import N_INSTR, configurations, simulate_padded
 from test_engine_vs_reference import assert_same
 
 _OPS = ["fma", "alu", "sfu", "lds", "ldg", "shfl"]
@@ -64,7 +63,7 @@ def test_engine_equals_reference_for_launch_modes(cfg: dict) -> None:
         ref = reference.simulate(**cfg)
     except JaxschedError:
         return
-    result = simulate(**cfg)
+    result = simulate_padded(**cfg)
     assert_same(result, ref)
     np.testing.assert_array_equal(result.sm_items, ref["sm_items"], err_msg="sm_items")
     items = int(cfg["kernel"].work_items)

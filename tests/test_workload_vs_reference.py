@@ -3,11 +3,11 @@ tick-by-tick reference exactly on random small chips, clock maps and policies ru
 kernel launches with random programs, grids, memory behaviour and seeds, launch overheads (the
 architecture's or the workload's) and CTA launch latencies (0 included).
 
-The engine compiles one program per workload structure (launches, streams, dependencies,
-mode) and total grid, so that the test stays within its CI budget the structures come from
-`STRUCTURES` (a single launch; a chain beside a concurrent stream joined by an event; a graph
-of four launches with events across three streams), each with a fixed total grid split at
-random between its launches.
+The engine compiles one program per number of launches (the tests pad the CTA slots and the
+per-CTA trace, `helpers.simulate_padded`), so that the test stays within its CI budget the
+structures come from `STRUCTURES` (a single launch; a chain beside a concurrent stream joined by
+an event; a graph of four launches with events across three streams), each with a fixed total
+grid split at random between its launches.
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from jaxsched import reference, workload
-from jaxsched.engine.run import simulate
 from jaxsched.errors import JaxschedError
 from jaxsched.kernel import make_kernel
 
-from helpers import N_INSTR, configurations, programs
+from helpers import N_INSTR, configurations, programs, simulate_padded
 from test_engine_vs_reference import assert_same
 
 LAUNCH_KEYS = ("kernel_ready_tick", "kernel_start_tick", "kernel_end_tick")
@@ -72,9 +71,9 @@ def test_engine_equals_reference_for_workloads(cfg: dict) -> None:
     except JaxschedError:
         event("rejected launch")
         with pytest.raises(JaxschedError):
-            simulate(**cfg)
+            simulate_padded(**cfg)
         return
-    result = simulate(**cfg)
+    result = simulate_padded(**cfg)
     assert_same(result, ref)
     np.testing.assert_array_equal(np.asarray(result.sm_items), ref["sm_items"], err_msg="sm_items")
     n_ctas = len(ref["cta_sm"])

@@ -10,7 +10,7 @@ one compiled simulation serves all of them.
 A tick's dispatch is four steps, so that a batch runs its placement loop itself (`run.py`):
 `plan` (the slot table and what the placements read), `place` until no configuration
 `has_work` (one CTA per configuration per iteration; the loop carries only the CTA-slot table),
-`launch_warps` (the warps of every CTA placed, vectorised over all warp slots, from per-CTA
+`start_warps` (the warps of every CTA placed, on the SMs that took one, from per-CTA
 variation tables computed once per run), and `commit` (CTA tables and counters). Under `vmap`
 a `while_loop` selects its whole carry at every iteration; a batch-level loop over `place`,
 which keeps a configuration without work as it was, does not.
@@ -211,25 +211,27 @@ def _place_one(
     return jax.tree.map(lambda h, p: jnp.where(hold, h, p), slots._replace(hold=jnp.bool_(True)), placed)
 
 
-def _launch_warps(
-    w: Warps, new: Bool[Array, "cta sm"], slots: _Slots, state: State, launch: Launch, shapes: Shapes,
-    variation: Variation, launches: Launches,
+def start_warps(
+    w: Warps, new: Bool[Array, "cta sm"], cta_id: Int[Array, "cta sm"], cta_launch: Int[Array, "cta sm"],
+    state: State, launch: Launch, shapes: Shapes, variation: Variation, launches: Launches,
 ) -> tuple[Warps, Int[Array, " sm"]]:
-    """Start the warps of the CTAs placed in this tick (`new`), and count per SM the work items
-    their warps took (persistent kernels). Slot w belongs to CTA slot w // W, warp w mod W."""
+    """Start the warps of the CTAs placed in this tick (`new`, placed as `cta_id` of `cta_launch`),
+    and count per SM the work items their warps took (persistent kernels; `state` is the state
+    before the tick's placements). Slot w belongs to CTA slot w // W, warp w mod W. Works on any
+    subset of SMs (the columns of every argument), as `columns.for_marked_sms` gives it."""
     n_w = launch.warps_per_cta
     slot = hardware_slot(shapes)
     j_of = jnp.minimum(slot // n_w, shapes.cta_slots - 1)
     warp = jnp.clip(slot - j_of * n_w, 0, 31)[:, None]
     fresh = new[j_of] & (slot < shapes.cta_slots * n_w)[:, None]
-    cta = jnp.clip(slots.cta_id[j_of], 0, shapes.max_ctas - 1)
+    cta = jnp.clip(cta_id[j_of], 0, shapes.max_ctas - 1)
     packed = variation.packed[cta, warp]
     trips, if_lanes = packed >> 6, packed & 63
-    warp_launch = slots.cta_launch[j_of]
+    warp_launch = cta_launch[j_of]
     # Persistent kernels (a workload's only launch): each new warp takes its first work item, in
     # placement then warp order.
     persistent = launch.work_items > 0
-    order = (slots.cta_id[j_of] - state.next_cta[0]) * n_w + warp
+    order = (cta_id[j_of] - state.next_cta[0]) * n_w + warp
     took = fresh & persistent & (order < launch.work_items - state.items_taken)
     trips = jnp.where(persistent, took.astype(jnp.int32), trips)
     lanes = jnp.where(warp == n_w - 1, launch.lanes_last_warp, 32)
@@ -298,17 +300,9 @@ def placed(state: State, slots: _Slots) -> Bool[Array, "cta sm"]:
     return (slots.cta_id >= 0) & (slots.cta_id != state.cta_id)
 
 
-def launch_warps(
-    state: State, slots: _Slots, launch: Launch, shapes: Shapes, variation: Variation, launches: Launches,
-) -> tuple[Warps, Int[Array, " sm"]]:
-    """Start the warps of the CTAs the tick placed, and count per SM the work items they took
-    (persistent kernels)."""
-    return _launch_warps(state.warps, placed(state, slots), slots, state, launch, shapes, variation, launches)
-
-
 def commit(state: State, slots: _Slots, took: Int[Array, " sm"], launch: Launch, shapes: Shapes) -> State:
     """The CTA tables and counters after the tick's placements (`slots`) and the work items their
-    warps took (`took`, from `launch_warps`; its warps are set there)."""
+    warps took (`took`, from `start_warps`; its warps are set there)."""
     tick = state.tick
     new = placed(state, slots)
     k = state.counters

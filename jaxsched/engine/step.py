@@ -3,10 +3,10 @@ sections 7-13).
 
 A step is vmapped per configuration phase by phase, and what a phase rarely needs to do runs at
 the batch level: the dispatcher's placement loop (until no configuration has a CTA to place),
-and the per-warp work of barrier releases, CTA launches and clock changes (`materialize.when`:
-only in steps where some configuration needs it). Under `vmap`, a loop or a conditional would
-select every configuration's whole carry at every iteration; at the batch level a
-configuration that has nothing to do keeps its values by construction.
+and the per-warp work of CTA launches, barrier releases and clock changes, on the few SMs that
+need it (`columns.for_marked_sms`). Under `vmap`, a loop or a conditional would select every
+configuration's whole carry at every iteration; at the batch level a configuration that has
+nothing to do keeps its values by construction.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int
 
 from ..lower import Launch, Shapes
+from . import columns
 from .cycle import run_tick
-from .dispatch import Variation, commit, has_work, launch_warps, place, placed, plan
+from .dispatch import Variation, commit, has_work, place, placed, plan, start_warps
 from .events import skip_to_next_event
 from .grid_barrier import grid_barrier
 from .intervals import Clock, cta_warps, reclock, release
 from .launches import Launches, initial_ready
-from .materialize import when
 from .power import Domains, dvfs_step, initial_dvfs
 from .state import NO_WARP, State, initial_state
 from .status import LONG_SB, WAIT
@@ -56,32 +56,30 @@ def running(run: Run, state: State, max_ticks: int) -> Array:
     return (state.ctas_done < run.launch.n_ctas) & (state.tick < max_ticks)
 
 
-def _clocks(states: State) -> Clock:
-    return Clock(states.tick, states.cycle, states.acc, states.freq)
+_K = 8  # SMs per configuration per pass of the per-warp work of launches, releases, clock changes
 
 
-def _rewake(runs: Run, states: State, pred: Array, fn: Callable, arg) -> State:
-    """Where `pred` (for any configuration): every warp's wake and interval counts from
-    `fn(run, state, warps, arg, clock, op_dep)` -> (wake, (long, short, wait) cycles per SM).
-    `fn` reads the instruction table through `op_dep`, tied to the loop with `arg` and the clocks,
-    so that XLA does not hoist its per-warp work out of `when` (which would run it every step)."""
+def _rewake(runs: Run, states: State, marked: Array, fn: Callable, *cols) -> State:
+    """On the marked SMs [batch, sm]: every warp's wake and the intervals' (long, short, wait)
+    cycles from `fn(run, warps, clock, *cols)` per configuration, where `warps`, the clock and
+    `cols` (arrays with an SM axis last) are those SMs' columns (`columns.for_marked_sms`)."""
 
-    def body(carry: tuple, arg, clock: Clock, op_dep: Array) -> tuple:
-        def one(run, state, wake, stalls, a, ck, table):
-            w = dataclasses.replace(state.warps, wake=wake)
-            new_wake, cycles = fn(run, state, w, a, ck, dataclasses.replace(run.launches, op_dep=table))
-            return new_wake, stalls.at[LONG_SB:WAIT + 1].add(cycles)
+    def work(at: Array, carry: tuple) -> tuple:
+        wake, stalls = carry
+        warps = jax.tree.map(lambda x: columns.take(x, at), dataclasses.replace(states.warps, wake=wake))
+        clock = Clock(states.tick, *(columns.take(x, at) for x in (states.cycle, states.acc, states.freq)))
+        new_wake, cycles = jax.vmap(fn)(runs, warps, clock, *(columns.take(x, at) for x in cols))
+        counted = columns.take(stalls, at).at[:, LONG_SB:WAIT + 1].add(cycles)
+        return columns.put(wake, at, new_wake), columns.put(stalls, at, counted)
 
-        return jax.vmap(one)(runs, states, *carry, arg, clock, op_dep)
-
-    wake, stalls = when(jnp.any(pred), body, (states.warps.wake, states.counters.sm_stalls), arg, _clocks(states),
-                        runs.launches.op_dep)
+    wake, stalls = columns.for_marked_sms(marked, work, (states.warps.wake, states.counters.sm_stalls), _K)
     return dataclasses.replace(states, warps=dataclasses.replace(states.warps, wake=wake),
                                counters=dataclasses.replace(states.counters, sm_stalls=stalls))
 
 
 def _dispatch(runs: Run, states: State, shapes: Shapes) -> State:
-    """Section 9: the batch's placement loop, then the placed CTAs' warps (when any)."""
+    """Section 9: the batch's placement loop, then the placed CTAs' warps on the SMs that took
+    one, then the tables."""
     v = jax.vmap
     slots, plans = v(lambda r, s: plan(s, r.launch, shapes, s.tick))(runs, states)
 
@@ -90,13 +88,17 @@ def _dispatch(runs: Run, states: State, shapes: Shapes) -> State:
 
     slots = jax.lax.while_loop(work, lambda sl: v(lambda r, x, p: place(x, p, r.launch, r.launches, shapes))(
         runs, sl, plans), slots)
+    new = v(placed)(states, slots)
 
-    def start_warps(carry: tuple, sl) -> tuple:
-        return v(lambda r, s, w, x: launch_warps(dataclasses.replace(s, warps=w), x, r.launch, shapes, r.variation,
-                                                 r.launches))(runs, states, carry[0], sl)
+    def launch_at(at: Array, carry: tuple) -> tuple:
+        warps, took = carry
+        sub = lambda x: columns.take(x, at)  # noqa: E731
+        fresh, t = v(lambda r, s, *c: start_warps(*c, s, r.launch, shapes, r.variation, r.launches))(
+            runs, states, jax.tree.map(sub, warps), sub(new), sub(slots.cta_id), sub(slots.cta_launch))
+        return jax.tree.map(lambda x, y: columns.put(x, at, y), warps, fresh), columns.put(took, at, t)
 
-    warps, took = when(jnp.any(v(placed)(states, slots)), start_warps,
-                       (states.warps, jnp.zeros_like(states.resident)), slots)
+    warps, took = columns.for_marked_sms(jnp.any(new, axis=1), launch_at,
+                                         (states.warps, jnp.zeros_like(states.resident)), _K)
     states = dataclasses.replace(states, warps=warps)
     return v(lambda r, s, x, t: commit(s, x, t, r.launch, shapes))(runs, states, slots, took)
 
@@ -109,16 +111,16 @@ def step(runs: Run, states: State, shapes: Shapes) -> State:
     one = jnp.minimum(jnp.min(runs.launch.tick_mhz), 1)  # a traced 1 (`materialize.once`)
     states, looks, released = v(lambda r, s: run_tick(s, r.launch, shapes, r.launches, one))(runs, states)
 
-    def cta_release(r, s, w, rel, clock, launches):
-        return release(w, cta_warps(rel, w, r.launch, shapes), clock, r.launch, shapes, launches)
+    def cta_release(r, w, clock, rel):
+        return release(w, cta_warps(rel, w, r.launch, shapes), clock, r.launch, shapes, r.launches)
 
-    states = _rewake(runs, states, released, cta_release, released)
+    states = _rewake(runs, states, jnp.any(released, axis=1), cta_release, released)
     states, due = v(lambda r, s: grid_barrier(s, r.launch))(runs, states)
 
-    def grid_release(r, s, w, go, clock, launches):
-        return release(w, go & (w.pc != NO_WARP), clock, r.launch, shapes, launches)
+    def grid_release(r, w, clock):
+        return release(w, w.pc != NO_WARP, clock, r.launch, shapes, r.launches)
 
-    states = _rewake(runs, states, due, grid_release, due)
+    states = _rewake(runs, states, due[:, None] & runs.launch.sm_enabled, grid_release)
     ctas = states.counters.sm_ctas
     states = _dispatch(runs, states, shapes)
     changed = looks.changed | due[:, None] | (states.counters.sm_ctas != ctas)
@@ -127,8 +129,8 @@ def step(runs: Run, states: State, shapes: Shapes) -> State:
         states = v(lambda r, s: dvfs_step(s, r.launch, shapes, r.doms))(runs, states)
         moved = states.freq != old
 
-        def follow(r, s, w, old_freq, clock, launches):
-            return reclock(w, clock, old_freq, r.launch, shapes, launches)
+        def follow(r, w, clock, old_freq):
+            return reclock(w, clock, old_freq, r.launch, shapes, r.launches)
 
         states = _rewake(runs, states, moved, follow, old)
         changed = changed | moved
