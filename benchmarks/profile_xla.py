@@ -62,20 +62,23 @@ def _fusion_body(hlo: str, name: str) -> tuple[str, str] | None:
     return call.group(1), body.group(0) if body else call.group(0)
 
 
-def kernel_times_us(trace_dir: str) -> collections.Counter:
-    """Total microseconds per kernel (fusion, gather, ...) name in the profiler's trace."""
+def kernel_times_us(trace_dir: str) -> tuple[collections.Counter, collections.Counter]:
+    """Total microseconds and executions per kernel (fusion, gather, ...) name in the profiler's
+    trace. A loop's own entry (`while`) is its host-side total, inner kernels included."""
     path = max(glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True))
     total: collections.Counter = collections.Counter()
+    count: collections.Counter = collections.Counter()
     with gzip.open(path) as stream:
         events = json.load(stream)["traceEvents"]
     for event in events:
         name = event.get("name", "")
         if event.get("ph") == "X" and "Thunk" not in name and not name.startswith("$"):
             total[name] += event.get("dur", 0)
-    return total
+            count[name] += 1
+    return total, count
 
 
-def attribute(hlo: str, times_us: collections.Counter, top: int) -> dict:
+def attribute(hlo: str, times_us: collections.Counter, counts: collections.Counter, top: int) -> dict:
     lines = _frame_lines(hlo)
     by_line: collections.Counter = collections.Counter()
     fusions, per_warp_us, per_warp_ops = [], 0.0, 0
@@ -91,7 +94,7 @@ def attribute(hlo: str, times_us: collections.Counter, top: int) -> dict:
         per_warp = bool(re.search(r"\[\d+,64,\d+\]|\[\d{5,},", shape))
         if per_warp:
             per_warp_us, per_warp_ops = per_warp_us + us, per_warp_ops + ops
-        fusions.append({"name": name, "ms": round(us / 1e3, 1), "shape": shape[:60], "ops": ops,
+        fusions.append({"name": name, "ms": round(us / 1e3, 1), "runs": counts[name], "shape": shape[:60], "ops": ops,
                         "lines": [w for w, _ in frames.most_common(3)]})
     total = sum(times_us[f["name"]] for f in fusions)
     by_function: collections.Counter = collections.Counter()
@@ -115,6 +118,7 @@ def main() -> None:
     parser.add_argument("--from-ticks", type=int, default=0, help="profile from the state at this tick")
     parser.add_argument("--dvfs", action="store_true", help="compile the DVFS step in (Shapes.dvfs)")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--hlo", help="also write the compiled loop's HLO text here")
     args = parser.parse_args()
     arch, kernel, maps, _ = workload(args.batch)
     shapes = dataclasses.replace(shapes_for(arch, kernel), dvfs=args.dvfs)
@@ -133,11 +137,14 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as trace_dir:
             with jax.profiler.trace(trace_dir):
                 jax.block_until_ready(run(runs, begin))
-            times = kernel_times_us(trace_dir)
+            times, counts = kernel_times_us(trace_dir)
+    if args.hlo:
+        with open(args.hlo, "w") as stream:
+            stream.write(hlo)
     out = {"device": str(jax.devices()[0].device_kind), "batch": args.batch, "ticks": [args.from_ticks, args.ticks],
            "dvfs_step": args.dvfs, "steps": steps, "run_wall_s": round(wall, 3), "run_cpu_s": round(cpu, 3),
            "ms_per_step": round(wall / max(steps, 1) * 1e3, 3)}
-    print(json.dumps({**out, **attribute(hlo, times, args.top)}, indent=1))
+    print(json.dumps({**out, **attribute(hlo, times, counts, args.top)}, indent=1))
 
 
 if __name__ == "__main__":
