@@ -38,7 +38,8 @@ def select(
 ) -> tuple[Bool[Array, "warp sm"], Bool[Array, "sched sm"], Int[Array, "sched sm"]]:
     """Each scheduler picks at most one eligible warp by the warp policy (minimum key). Keys are
     unique per scheduler (LRR's by q, ages by CTA and warp), so the minimum of `key << 5 | q`
-    (int64; q < 32) names the warp: one plain minimum over the scheduler's warps."""
+    (q < 32) names the warp: one plain minimum over the scheduler's warps, in int32 where every
+    age `32 g + w` fits in 26 bits (grids up to 2^21 CTAs), else int64."""
     n_q = shapes.warps_per_scheduler
     q = q_index(shapes)[:, None]
     last = per_warp(state.last, shapes)
@@ -48,8 +49,9 @@ def select(
         state.warps.age,
     )
     candidate = eligible & edge
-    never = jnp.iinfo(jnp.int64).max
-    packed = jnp.where(candidate, (key.astype(jnp.int64) << 5) | q, never)
+    wide = jnp.int64 if shapes.max_ctas > 1 << 21 else jnp.int32
+    never = jnp.iinfo(wide).max
+    packed = jnp.where(candidate, (key.astype(wide) << 5) | q, never)
     best = jnp.min(by_scheduler(packed, shapes), axis=1)
     has = best < never
     q_sel = (best & 31).astype(jnp.int32)
@@ -58,11 +60,10 @@ def select(
 
 
 def _of_selected(x: Array, q_sel: Int[Array, "sched sm"], shapes: Shapes) -> Array:
-    """The selected warp's value of a per-slot array, per scheduler: [warp, sm] -> [sched, sm],
-    as a masked sum over the scheduler's warps (elementwise over SMs, unlike a gather; a
-    scheduler without an issue reads 0 or its q_sel's slot; callers mask by `has`)."""
-    hit = jnp.arange(shapes.warps_per_scheduler, dtype=jnp.int32)[:, None] == q_sel[:, None, :]
-    return jnp.sum(jnp.where(hit, by_scheduler(x, shapes), 0), axis=1, dtype=x.dtype)
+    """The selected warp's value of a per-slot array, per scheduler: [warp, sm] -> [sched, sm]
+    (a scheduler without an issue reads its q_sel's slot, clipped; callers mask by `has`)."""
+    q = jnp.minimum(q_sel, shapes.warps_per_scheduler - 1)[:, None, :]
+    return jnp.take_along_axis(by_scheduler(x, shapes), q, axis=1)[:, 0, :]
 
 
 def _per_cta(x: Int[Array, "sched sm"], cta_of_sel: Int[Array, "sched sm"], shapes: Shapes) -> Int[Array, "cta sm"]:

@@ -286,13 +286,15 @@ def has_work(slots: _Slots, p: Plan, launch: Launch, launches: Launches) -> Bool
     return some & jnp.any(_takes_now(slots, p.usable, p.fresh, launch)) & ~slots.hold
 
 
-def place(slots: _Slots, p: Plan, launch: Launch, launches: Launches, shapes: Shapes) -> _Slots:
-    """One placement (`_place_one`) where there is work, else the table as it was. A batch's
-    placement loop runs this until no configuration has work, so every configuration's
-    placements are its own sequence, as the model's loop within a tick."""
-    placed = _place_one(slots, launch, launches, p.ready, shapes, p.usable, p.usable_tick, p.fresh, p.est, p.tick)
-    work = has_work(slots, p, launch, launches)
-    return jax.tree.map(lambda new, old: jnp.where(work, new, old), placed, slots)
+def place(slots: _Slots, work: Bool[Array, ""], p: Plan, launch: Launch, launches: Launches,
+          shapes: Shapes) -> tuple[_Slots, Bool[Array, ""]]:
+    """One placement (`_place_one`) where there is `work` (`has_work`), else the table as it
+    was; and whether there is work after it. A batch's placement loop runs this until no
+    configuration has work, so every configuration's placements are its own sequence, as the
+    model's loop within a tick."""
+    new = _place_one(slots, launch, launches, p.ready, shapes, p.usable, p.usable_tick, p.fresh, p.est, p.tick)
+    slots = jax.tree.map(lambda a, b: jnp.where(work, a, b), new, slots)
+    return slots, work & has_work(slots, p, launch, launches)
 
 
 def placed(state: State, slots: _Slots) -> Bool[Array, "cta sm"]:

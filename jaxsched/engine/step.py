@@ -82,12 +82,9 @@ def _dispatch(runs: Run, states: State, shapes: Shapes) -> State:
     one, then the tables."""
     v = jax.vmap
     slots, plans = v(lambda r, s: plan(s, r.launch, shapes, s.tick))(runs, states)
-
-    def work(sl) -> Array:
-        return jnp.any(v(lambda r, x, p: has_work(x, p, r.launch, r.launches))(runs, sl, plans))
-
-    slots = jax.lax.while_loop(work, lambda sl: v(lambda r, x, p: place(x, p, r.launch, r.launches, shapes))(
-        runs, sl, plans), slots)
+    work = v(lambda r, x, p: has_work(x, p, r.launch, r.launches))(runs, slots, plans)
+    slots, _ = jax.lax.while_loop(lambda c: jnp.any(c[1]), lambda c: v(
+        lambda r, x, w, p: place(x, w, p, r.launch, r.launches, shapes))(runs, *c, plans), (slots, work))
     new = v(placed)(states, slots)
 
     def launch_at(at: Array, carry: tuple) -> tuple:
