@@ -1,12 +1,15 @@
-"""The blocked-interval arithmetic (engine/status.py) against the model's per-cycle rules,
-cycle by cycle on the phase accumulator (docs/model.md sections 2, 7 and 11): the cycle at which
-a memory result arrives, and the long scoreboard / short scoreboard / wait split of a blocked
-interval, as the reference would count them."""
+"""The blocked-interval arithmetic (engine/status.py, engine/exact.py) against the model's
+per-cycle rules, cycle by cycle on the phase accumulator (docs/model.md sections 2, 7 and 11):
+the cycle at which a memory result arrives, and the long scoreboard / short scoreboard / wait
+split of a blocked interval, as the reference would count them."""
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from jaxsched.engine.exact import floor_div
 from jaxsched.engine.status import blocked_split, cycles_in, mem_cycle
 
 
@@ -33,7 +36,8 @@ def test_cycles_in_counts_the_accumulator_edges(tick_mhz, data):
         want = len(_cycle_ticks(freq, tick_mhz, acc, 0, n))
     else:  # closed form, exact in Python integers
         want = (acc + n * freq) // tick_mhz
-    assert int(cycles_in(np.int32(freq), np.int32(acc), np.int32(tick_mhz), np.int32(n))) == want
+    with jax.enable_x64(True):  # as the engine runs
+        assert int(cycles_in(np.int32(freq), np.int32(acc), np.int32(tick_mhz), np.int32(n))) == want
 
 
 @given(tick_mhz=st.integers(300, 2000), data=st.data())
@@ -64,7 +68,30 @@ def test_blocked_split_matches_the_per_cycle_reasons(tick_mhz, data):
             break
         c += 1
     i32 = np.int32
-    m = mem_cycle(i32(ready_mem), i32(k), i32(cycle), i32(freq), i32(acc), i32(tick_mhz))
-    b = blocked_split(np.bool_(dep), i32(ready_fixed), i32(ready_mio), i32(ready_fetch), m, i32(cycle))
+    with jax.enable_x64(True):  # as the engine runs
+        m = mem_cycle(i32(ready_mem), i32(k), i32(cycle), i32(freq), i32(acc), i32(tick_mhz))
+        b = blocked_split(np.bool_(dep), i32(ready_fixed), i32(ready_mio), i32(ready_fetch), m, i32(cycle))
     assert [int(b.long), int(b.short), int(b.wait)] == counts
     assert int(b.wake) == c
+
+
+@jax.jit
+def _floor_div_in_a_loop(n: jax.Array, d: jax.Array) -> jax.Array:
+    """floor_div with a loop-invariant divisor, where XLA turns a float division into a
+    multiplication by the hoisted reciprocal."""
+    return jax.lax.fori_loop(0, 2, lambda i, q: floor_div(n + 0 * i, d), jnp.zeros(n.shape, jnp.int32))
+
+
+@given(d=st.integers(1, (1 << 21) - 1), data=st.data())
+@settings(max_examples=200, deadline=None)
+def test_floor_div_through_float64_is_exact(d, data):
+    """`exact.floor_div` equals `//` for numerators below 2^53 and quotients below 2^31,
+    eagerly and compiled in a loop; multiples of d and their neighbours included, where a
+    rounded quotient would cross an integer."""
+    q = data.draw(st.lists(st.integers(0, (1 << 31) - 1).filter(lambda q: q * d + d < 1 << 53), min_size=1, max_size=8))
+    n = np.array([x * d + data.draw(st.sampled_from([0, 1, d - 1, d // 2])) for x in q], np.int64)
+    n = np.minimum(n, (1 << 31) * d - 1)
+    with jax.enable_x64(True):
+        want = n // d
+        np.testing.assert_array_equal(np.asarray(floor_div(n, np.int64(d))), want)
+        np.testing.assert_array_equal(np.asarray(_floor_div_in_a_loop(jnp.asarray(n), jnp.int64(d))), want)

@@ -15,6 +15,7 @@ from jaxtyping import Array, Bool, Int
 
 from ..isa import Op
 from ..lower import QUEUE_ONE_TICK, Launch, Shapes
+from .exact import floor_div
 from .launch_credit import collect, has_free_slot
 from .launches import Launches, instruction_fields, op_and_dep, per_launch_sum, update_ready, warp_program
 from .materialize import once
@@ -204,7 +205,7 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches,
                                 for x in (blocked.long, blocked.short, blocked.wait)])
 
     slot_s = jnp.arange(shapes.schedulers, dtype=jnp.int32)[:, None] + shapes.schedulers * q_sel
-    cta_of_sel = jnp.minimum(slot_s // launch.warps_per_cta, shapes.cta_slots - 1)
+    cta_of_sel = jnp.minimum(floor_div(slot_s, launch.warps_per_cta), shapes.cta_slots - 1)
     cta_arrived = state.cta_arrived + _per_cta((arrive & ~grid_arrive).astype(jnp.int32), cta_of_sel, shapes)
     cta_live = state.cta_live - _per_cta(exits.astype(jnp.int32), cta_of_sel, shapes)
     occupied = state.cta_id >= 0

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..lower import Launch, Shapes
+from .exact import floor_div
 from .launch_credit import can_launch
 from .launches import Launches, head_launch, op_and_dep, warp_program
 from .slots import hardware_slot
@@ -81,6 +82,7 @@ def scores(
     i64 = lambda x: x.astype(jnp.int64)  # noqa: E731
     rank = i64(launch.dispatch_rank)
     n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled, dtype=jnp.int64), 1)
+    after_pointer = rank - i64(slots.rr_pointer)  # in (-n, n) on enabled SMs: mod n is one select
     policy = launch.dispatch_policy
     return jnp.select(
         [policy == HARDWARE, policy == ROUND_ROBIN, policy == LEAST_LOADED, policy == WEIGHTED],
@@ -88,11 +90,11 @@ def scores(
             # "Most room", ties to the lowest rank in the rotated fixed order [Gil21].
             i64(room) * 65536 - rank,
             # First SM at or after the pointer in rank order.
-            -((rank - i64(slots.rr_pointer)) % n_enabled),
+            -jnp.where(after_pointer < 0, after_pointer + n_enabled, after_pointer),
             # Fewest live warps.
             -i64(slots.live_warps) * 65536 - rank,
             # Static weights per resident CTA.
-            (i64(launch.dispatch_weight) * 65536 // (i64(slots.resident) + 1)) * 65536 - rank,
+            i64(floor_div(i64(launch.dispatch_weight) * 65536, slots.resident + 1)) * 65536 - rank,
         ],
         # Closed loop: earliest expected finish, then most room, then rank [S1].
         ((-est) * 64 + i64(room)) * 65536 - rank,
@@ -221,7 +223,7 @@ def start_warps(
     subset of SMs (the columns of every argument), as `columns.for_marked_sms` gives it."""
     n_w = launch.warps_per_cta
     slot = hardware_slot(shapes)
-    j_of = jnp.minimum(slot // n_w, shapes.cta_slots - 1)
+    j_of = jnp.minimum(floor_div(slot, n_w), shapes.cta_slots - 1)
     warp = jnp.clip(slot - j_of * n_w, 0, 31)[:, None]
     fresh = new[j_of] & (slot < shapes.cta_slots * n_w)[:, None]
     cta = jnp.clip(cta_id[j_of], 0, shapes.max_ctas - 1)

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int
 
 from ..lower import QUEUE_ONE_TICK, Launch, Shapes
+from .exact import floor_div
 from .cycle import Outlook
 from .dispatch import next_usable_tick
 from .launch_credit import collect, cycles_to_full, has_free_slot
@@ -38,20 +39,17 @@ def ticks_until_cycle(
     """
     n = jnp.clip(cycle_index - state.cycle + 1, 1, _MAX_AHEAD_CYCLES)
     f = jnp.maximum(state.freq, 1)
-    return (n * launch.tick_mhz - state.acc + f - 1) // f
+    return floor_div(n * launch.tick_mhz - state.acc + f - 1, f)
 
 
 def cycles_in_ticks(
     state: State, launch: Launch, ticks: Int[Array, ""]
 ) -> tuple[Int[Array, " sm"], Int[Array, " sm"]]:
-    """Cycles each SM executes in the next `ticks` ticks, and its accumulator afterwards.
-
-    Splits ticks = a F + b so that nothing overflows int32: a F f is a whole a f cycles.
-    """
-    a, b = ticks // launch.tick_mhz, ticks % launch.tick_mhz
-    f = state.freq
-    partial = state.acc + b * f
-    return a * f + partial // launch.tick_mhz, partial % launch.tick_mhz
+    """Cycles each SM executes in the next `ticks` ticks, and its accumulator afterwards:
+    `acc + ticks f = cycles F + acc'` (exactly, `exact.floor_div`)."""
+    total = state.acc + jnp.asarray(ticks).astype(jnp.int64) * state.freq
+    cycles = floor_div(total, launch.tick_mhz)
+    return cycles, (total - cycles.astype(jnp.int64) * launch.tick_mhz).astype(jnp.int32)
 
 
 def _throttle_clears(state: State, launch: Launch, look: Outlook, throttle: Array) -> Int[Array, " sm"]:

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..lower import Launch, Shapes
+from .exact import floor_div
 from .launches import Launches, op_and_dep
 from .slots import hardware_slot
 from .state import INF, NO_WARP, Counters, Warps
@@ -49,7 +50,7 @@ class Clock(NamedTuple):
 def cta_warps(released: Bool[Array, "cta sm"], w: Warps, launch: Launch, shapes: Shapes) -> Bool[Array, "warp sm"]:
     """The live warps of the CTA slots `released` (at a release, all of them wait at the
     barrier)."""
-    cta_of_warp = jnp.minimum(hardware_slot(shapes) // launch.warps_per_cta, shapes.cta_slots - 1)
+    cta_of_warp = jnp.minimum(floor_div(hardware_slot(shapes), launch.warps_per_cta), shapes.cta_slots - 1)
     return released[cta_of_warp] & (w.pc != NO_WARP)
 
 

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..lower import Launch, Shapes
+from .exact import floor_div
 from .state import State
 
 
@@ -43,7 +44,7 @@ def cycles_to_full(
     -1: it does not grow)."""
     short = launch.launch_idle_cycles - credit
     grows = free & (starved > 0)
-    n = (short + jnp.maximum(starved, 1) - 1) // jnp.maximum(starved, 1)
+    n = floor_div(short + jnp.maximum(starved, 1) - 1, jnp.maximum(starved, 1))
     return jnp.where(short <= 0, 0, jnp.where(grows, n, -1))
 
 

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..isa import Op
+from .exact import floor_div
 from .slots import by_scheduler, per_warp
 from .state import INF, N_PIPES
 
@@ -108,10 +109,9 @@ def ready_counts(packed: Int[Array, "sched sm"], throttle: Int[Array, "sched sm"
 
 def cycles_in(freq: Int[Array, "..."], acc: Int[Array, "..."], tick_mhz: Int[Array, ""],
               ticks: Int[Array, "..."]) -> Int[Array, "..."]:
-    """Cycles an SM at `freq` with phase accumulator `acc` executes in the next `ticks` ticks
-    (docs/model.md section 2). Splits ticks = a F + b so that nothing overflows int32."""
-    a, b = ticks // tick_mhz, ticks % tick_mhz
-    return a * freq + (acc + b * freq) // tick_mhz
+    """Cycles an SM at `freq` with phase accumulator `acc` executes in the next `ticks` ticks:
+    `floor((acc + ticks f) / F)` (docs/model.md section 2), exactly (`exact.floor_div`)."""
+    return floor_div(acc + jnp.asarray(ticks).astype(jnp.int64) * freq, tick_mhz)
 
 
 class Blocked(NamedTuple):
