@@ -62,7 +62,7 @@ def variation_tables(launch: Launch, shapes: Shapes, launches: Launches | None =
     return Variation((trips << 6) | if_lanes)
 
 
-class _Slots(NamedTuple):
+class Slots(NamedTuple):
     cta_id: Int[Array, "cta sm"]
     cta_launch: Int[Array, "cta sm"]
     resident: Int[Array, " sm"]
@@ -75,7 +75,7 @@ class _Slots(NamedTuple):
 
 
 def scores(
-    slots: _Slots, launch: Launch, room: Int[Array, " sm"], est: Int[Array, " sm"], tick: Int[Array, ""]
+    slots: Slots, launch: Launch, room: Int[Array, " sm"], est: Int[Array, " sm"], tick: Int[Array, ""]
 ) -> Int[Array, " sm"]:
     """Higher is preferred (int64; every policy breaks its ties by rank, so scores are distinct).
     Only SMs with room are considered by the caller. docs/model.md section 9."""
@@ -116,7 +116,7 @@ def _censored_estimate(state: State, tick: Int[Array, ""]) -> Int[Array, "launch
 
 
 def _hold_for_better_slots(
-    slots: _Slots, launch: Launch, launching_tick: Int[Array, "cta sm"], est: Array, sm: Array, tick: Array,
+    slots: Slots, launch: Launch, launching_tick: Int[Array, "cta sm"], est: Array, sm: Array, tick: Array,
     left: Array,
 ) -> Array:
     """Closed loop in the tail: keep the CTA if the `left` CTAs (the head launch's, this one
@@ -156,7 +156,7 @@ def next_usable_tick(state: State, launch: Launch, shapes: Shapes, launches: Lau
 
 
 def _takes_now(
-    slots: _Slots, usable: Bool[Array, "cta sm"], fresh: Bool[Array, "cta sm"], launch: Launch
+    slots: Slots, usable: Bool[Array, "cta sm"], fresh: Bool[Array, "cta sm"], launch: Launch
 ) -> Bool[Array, "cta sm"]:
     """Free slots that can take a CTA now: usable (past their launch latency, 0 on floorswept
     SMs), and never used (`fresh`) or on an SM with launch credit (a refill needs credit, a
@@ -165,7 +165,7 @@ def _takes_now(
 
 
 def _launching_tick(
-    slots: _Slots, launch: Launch, shapes: Shapes, usable_tick: Int[Array, "cta sm"], tick: Int[Array, ""],
+    slots: Slots, launch: Launch, shapes: Shapes, usable_tick: Int[Array, "cta sm"], tick: Int[Array, ""],
 ) -> Int[Array, "cta sm"]:
     """When each free slot still in its launch latency becomes usable, for the closed loop's hold
     (INF: usable now, occupied or out of range). A used slot waiting for launch credit does not
@@ -175,7 +175,7 @@ def _launching_tick(
 
 
 def _place_one(
-    slots: _Slots,
+    slots: Slots,
     launch: Launch,
     launches: Launches,
     ready: Int[Array, " launch"],
@@ -185,7 +185,7 @@ def _place_one(
     fresh: Bool[Array, "cta sm"],
     est_all: Int[Array, "launch sm"],
     tick: Int[Array, ""],
-) -> _Slots:
+) -> Slots:
     """Place the head launch's next CTA (docs/model.md sections 9 and 13)."""
     _, head = head_launch(ready, slots.next_cta, launches, tick)
     est = est_all[head]
@@ -198,7 +198,7 @@ def _place_one(
     hold = _hold_for_better_slots(slots, launch, launching_tick, est, sm, tick, launches.n_ctas[head] - local)
     j = jnp.argmax(takes[:, sm]).astype(jnp.int32)  # lowest free slot that can take it
     n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled, dtype=jnp.int32), 1)
-    placed = _Slots(
+    placed = Slots(
         cta_id=slots.cta_id.at[j, sm].set(launches.cta_base[head] + local),
         cta_launch=slots.cta_launch.at[j, sm].set(head),
         resident=slots.resident.at[sm].add(1),
@@ -271,25 +271,25 @@ class Plan(NamedTuple):
     est: Int[Array, "launch sm"]  # the closed loop's censored estimates
 
 
-def plan(state: State, launch: Launch, shapes: Shapes, tick: Int[Array, ""]) -> tuple[_Slots, Plan]:
+def plan(state: State, launch: Launch, shapes: Shapes, tick: Int[Array, ""]) -> tuple[Slots, Plan]:
     """The CTA-slot table and the fixed inputs of the tick's placements."""
     live = jnp.sum(state.cta_live, axis=0, dtype=jnp.int32)
-    slots = _Slots(state.cta_id, state.cta_launch, state.resident, live, state.cta_start, state.next_cta,
+    slots = Slots(state.cta_id, state.cta_launch, state.resident, live, state.cta_start, state.next_cta,
                    state.rr_pointer, state.launch_credit, jnp.bool_(False))
     # A slot placed in this tick is occupied, so `fresh` needs no update during the tick.
     return slots, Plan(tick, state.kernel_ready, _usable_slots(state, launch, shapes, tick), state.cta_usable_tick,
                        ~state.cta_used, _censored_estimate(state, tick))
 
 
-def has_work(slots: _Slots, p: Plan, launch: Launch, launches: Launches) -> Bool[Array, ""]:
+def has_work(slots: Slots, p: Plan, launch: Launch, launches: Launches) -> Bool[Array, ""]:
     """A launch is ready with CTAs left, an enabled SM has a usable free slot and the closed loop
     does not hold: the placement loop goes on."""
     some, _ = head_launch(p.ready, slots.next_cta, launches, p.tick)
     return some & jnp.any(_takes_now(slots, p.usable, p.fresh, launch)) & ~slots.hold
 
 
-def place(slots: _Slots, work: Bool[Array, ""], p: Plan, launch: Launch, launches: Launches,
-          shapes: Shapes) -> tuple[_Slots, Bool[Array, ""]]:
+def place(slots: Slots, work: Bool[Array, ""], p: Plan, launch: Launch, launches: Launches,
+          shapes: Shapes) -> tuple[Slots, Bool[Array, ""]]:
     """One placement (`_place_one`) where there is `work` (`has_work`), else the table as it
     was; and whether there is work after it. A batch's placement loop runs this until no
     configuration has work, so every configuration's placements are its own sequence, as the
@@ -299,12 +299,12 @@ def place(slots: _Slots, work: Bool[Array, ""], p: Plan, launch: Launch, launche
     return slots, work & has_work(slots, p, launch, launches)
 
 
-def placed(state: State, slots: _Slots) -> Bool[Array, "cta sm"]:
+def placed(state: State, slots: Slots) -> Bool[Array, "cta sm"]:
     """The CTA slots that took a CTA in the tick's placements."""
     return (slots.cta_id >= 0) & (slots.cta_id != state.cta_id)
 
 
-def commit(state: State, slots: _Slots, took: Int[Array, " sm"], launch: Launch, shapes: Shapes) -> State:
+def commit(state: State, slots: Slots, took: Int[Array, " sm"], launch: Launch, shapes: Shapes) -> State:
     """The CTA tables and counters after the tick's placements (`slots`) and the work items their
     warps took (`took`, from `start_warps`; its warps are set there)."""
     tick = state.tick

@@ -12,22 +12,22 @@ nothing to do keeps its values by construction.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jaxtyping import Array, Int
+from jaxtyping import Array, Bool, Int
 
 from ..lower import Launch, Shapes
 from . import columns
 from .cycle import run_tick
-from .dispatch import Variation, commit, has_work, place, placed, plan, start_warps
+from .dispatch import Slots, Variation, commit, has_work, place, placed, plan, start_warps
 from .events import skip_to_next_event
 from .grid_barrier import grid_barrier
 from .intervals import Clock, cta_warps, reclock, release
 from .launches import Launches, initial_ready
 from .power import Domains, dvfs_step, initial_dvfs
-from .state import NO_WARP, State, initial_state
+from .state import NO_WARP, State, Warps, initial_state
 from .status import LONG_SB, WAIT
 
 
@@ -56,83 +56,93 @@ def running(run: Run, state: State, max_ticks: int) -> Array:
     return (state.ctas_done < run.launch.n_ctas) & (state.tick < max_ticks)
 
 
-_K = 8  # SMs per configuration per pass of the per-warp work of launches, releases, clock changes
+_K = 8  # SMs per configuration per pass of the per-warp work after the SM cycles
+_PLACEMENTS = 2  # placements per configuration per iteration of the placement loop
 
 
-def _rewake(runs: Run, states: State, marked: Array, fn: Callable, *cols) -> State:
-    """On the marked SMs [batch, sm]: every warp's wake and the intervals' (long, short, wait)
-    cycles from `fn(run, warps, clock, *cols)` per configuration, where `warps`, the clock and
-    `cols` (arrays with an SM axis last) are those SMs' columns (`columns.for_marked_sms`)."""
-
-    def work(at: Array, carry: tuple) -> tuple:
-        wake, stalls = carry
-        warps = jax.tree.map(lambda x: columns.take(x, at), dataclasses.replace(states.warps, wake=wake))
-        clock = Clock(states.tick, *(columns.take(x, at) for x in (states.cycle, states.acc, states.freq)))
-        new_wake, cycles = jax.vmap(fn)(runs, warps, clock, *(columns.take(x, at) for x in cols))
-        counted = columns.take(stalls, at).at[:, LONG_SB:WAIT + 1].add(cycles)
-        return columns.put(wake, at, new_wake), columns.put(stalls, at, counted)
-
-    wake, stalls = columns.for_marked_sms(marked, work, (states.warps.wake, states.counters.sm_stalls), _K)
-    return dataclasses.replace(states, warps=dataclasses.replace(states.warps, wake=wake),
-                               counters=dataclasses.replace(states.counters, sm_stalls=stalls))
-
-
-def _dispatch(runs: Run, states: State, shapes: Shapes) -> State:
-    """Section 9: the batch's placement loop, then the placed CTAs' warps on the SMs that took
-    one, then the tables."""
+def _place(runs: Run, states: State, shapes: Shapes) -> Slots:
+    """Section 9's placements of the batch: `_PLACEMENTS` per iteration of one loop (a
+    configuration with no work left keeps its table), until no configuration has work."""
     v = jax.vmap
     slots, plans = v(lambda r, s: plan(s, r.launch, shapes, s.tick))(runs, states)
     work = v(lambda r, x, p: has_work(x, p, r.launch, r.launches))(runs, slots, plans)
-    slots, _ = jax.lax.while_loop(lambda c: jnp.any(c[1]), lambda c: v(
-        lambda r, x, w, p: place(x, w, p, r.launch, r.launches, shapes))(runs, *c, plans), (slots, work))
-    new = v(placed)(states, slots)
 
-    def launch_at(at: Array, carry: tuple) -> tuple:
-        warps, took = carry
+    def body(c: tuple) -> tuple:
+        for _ in range(_PLACEMENTS):
+            c = v(lambda r, x, w, p: place(x, w, p, r.launch, r.launches, shapes))(runs, *c, plans)
+        return c
+
+    return jax.lax.while_loop(lambda c: jnp.any(c[1]), body, (slots, work))[0]
+
+
+class _Touched(NamedTuple):
+    """Per configuration, what the tick did to its warps after their SM cycles."""
+
+    released: Bool[Array, "cta sm"]  # CTA barriers released in the cycles
+    new: Bool[Array, "cta sm"]  # CTA slots that took a CTA in the tick's placements
+    cta_id: Int[Array, "cta sm"]  # the slot table after the placements
+    cta_launch: Int[Array, "cta sm"]
+    grid: Bool[Array, ""]  # the grid barrier released
+
+
+def _columns_work(run: Run, before: State, w: Warps, clock: Clock, freq: Array, t: _Touched, shapes: Shapes
+                  ) -> tuple[Warps, Array, Array]:
+    """The per-warp work on some SMs' columns after the tick's cycles, in the model's order:
+    released warps start their intervals at the old clocks (`clock`), the placed CTAs' warps
+    start (`before`: the state before the placements), and with DVFS the warps waiting on memory
+    re-split at the new clocks (`freq`). Returns the warps, the (long, short, wait) cycles
+    counted and the work items the new warps took."""
+    released = cta_warps(t.released, w, run.launch, shapes) | (t.grid & (w.pc != NO_WARP))
+    wake, counted = release(w, released, clock, run.launch, shapes, run.launches)
+    w, took = start_warps(dataclasses.replace(w, wake=wake), t.new, t.cta_id, t.cta_launch, before, run.launch,
+                          shapes, run.variation, run.launches)
+    if shapes.dvfs:
+        wake, delta = reclock(w, clock._replace(freq=freq), clock.freq, run.launch, shapes, run.launches)
+        w, counted = dataclasses.replace(w, wake=wake), counted + delta
+    return w, counted, took
+
+
+def _warp_work(runs: Run, states: State, t: _Touched, old_freq: Array, shapes: Shapes) -> tuple[State, Array, Array]:
+    """`_columns_work` on every SM that needs it (`columns.for_marked_sms`), `states` being the
+    state before the placements' commit. Returns the state, the SMs touched (their next cycle is
+    an event) and the work items the new warps took."""
+    marked = (jnp.any(t.released, axis=1) | jnp.any(t.new, axis=1) | (t.grid[:, None] & runs.launch.sm_enabled)
+              | (states.freq != old_freq))
+
+    def work(at: Array, carry: tuple) -> tuple:
+        warps, stalls, took = carry
         sub = lambda x: columns.take(x, at)  # noqa: E731
-        fresh, t = v(lambda r, s, *c: start_warps(*c, s, r.launch, shapes, r.variation, r.launches))(
-            runs, states, jax.tree.map(sub, warps), sub(new), sub(slots.cta_id), sub(slots.cta_launch))
-        return jax.tree.map(lambda x, y: columns.put(x, at, y), warps, fresh), columns.put(took, at, t)
+        clock = Clock(states.tick, sub(states.cycle), sub(states.acc), sub(old_freq))
+        cols = _Touched(sub(t.released), sub(t.new), sub(t.cta_id), sub(t.cta_launch), t.grid)
+        w, counted, tk = jax.vmap(lambda *a: _columns_work(*a, shapes))(
+            runs, states, jax.tree.map(sub, warps), clock, sub(states.freq), cols)
+        return (jax.tree.map(lambda x, y: columns.put(x, at, y), warps, w),
+                columns.put(stalls, at, sub(stalls).at[:, LONG_SB:WAIT + 1].add(counted)), columns.put(took, at, tk))
 
-    warps, took = columns.for_marked_sms(jnp.any(new, axis=1), launch_at,
-                                         (states.warps, jnp.zeros_like(states.resident)), _K)
-    states = dataclasses.replace(states, warps=warps)
-    return v(lambda r, s, x, t: commit(s, x, t, r.launch, shapes))(runs, states, slots, took)
+    warps, stalls, took = columns.for_marked_sms(
+        marked, work, (states.warps, states.counters.sm_stalls, jnp.zeros_like(states.resident)), _K)
+    states = dataclasses.replace(states, warps=warps, counters=dataclasses.replace(states.counters, sm_stalls=stalls))
+    return states, marked, took
 
 
 def step(runs: Run, states: State, shapes: Shapes) -> State:
-    """One event of every configuration: the tick's SM cycles, barrier releases, the grid
-    barrier, dispatch, DVFS, then the skip to the next event. An SM whose warps anything after
-    its cycles touched (a release, new CTAs, a clock change) has its next cycle as an event."""
+    """One event of every configuration: the tick's SM cycles, the grid barrier, dispatch, DVFS,
+    the per-warp work all of these leave (`_warp_work`), then the skip to the next event. An SM
+    whose warps anything after its cycles touched (a release, new CTAs, a clock change) has its
+    next cycle as an event."""
     v = jax.vmap
     one = jnp.minimum(jnp.min(runs.launch.tick_mhz), 1)  # a traced 1 (`materialize.once`)
     states, looks, released = v(lambda r, s: run_tick(s, r.launch, shapes, r.launches, one))(runs, states)
-
-    def cta_release(r, w, clock, rel):
-        return release(w, cta_warps(rel, w, r.launch, shapes), clock, r.launch, shapes, r.launches)
-
-    states = _rewake(runs, states, jnp.any(released, axis=1), cta_release, released)
     states, due = v(lambda r, s: grid_barrier(s, r.launch))(runs, states)
-
-    def grid_release(r, w, clock):
-        return release(w, w.pc != NO_WARP, clock, r.launch, shapes, r.launches)
-
-    states = _rewake(runs, states, due[:, None] & runs.launch.sm_enabled, grid_release)
-    ctas = states.counters.sm_ctas
-    states = _dispatch(runs, states, shapes)
-    changed = looks.changed | due[:, None] | (states.counters.sm_ctas != ctas)
+    slots = _place(runs, states, shapes)
+    old_freq = states.freq
     if shapes.dvfs:  # with DVFS off the step changes nothing (section 12)
-        old = states.freq
         states = v(lambda r, s: dvfs_step(s, r.launch, shapes, r.doms))(runs, states)
-        moved = states.freq != old
-
-        def follow(r, w, clock, old_freq):
-            return reclock(w, clock, old_freq, r.launch, shapes, r.launches)
-
-        states = _rewake(runs, states, moved, follow, old)
-        changed = changed | moved
+    touched = _Touched(released, v(placed)(states, slots), slots.cta_id, slots.cta_launch, due)
+    states, marked, took = _warp_work(runs, states, touched, old_freq, shapes)
+    states = v(lambda r, s, x, t: commit(s, x, t, r.launch, shapes))(runs, states, slots, took)
     return v(lambda r, s, o: skip_to_next_event(s, r.launch, shapes, s.ctas_done >= r.launch.n_ctas, r.launches, o))(
-        runs, states, looks._replace(changed=changed))
+        runs, states, looks._replace(changed=looks.changed | marked))
 
 
 def _frozen(state: State) -> dict:
