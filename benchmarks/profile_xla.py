@@ -1,7 +1,7 @@
 """Where the event loop's time goes inside XLA: fused kernels and the source lines they came from.
 
 Runs the throughput workload (benchmarks/throughput.py) at `--batch` from tick `--from-ticks`
-(default 0: the first wave; the steady state of refills starts near tick 1000) to `--ticks`
+(default 0: the first wave; refills run from about tick 1300 to 8000) to `--ticks`
 under `jax.profiler`, reads the time of every fused kernel from the trace, and attributes it to
 the engine's source lines through the stack frames that the compiled HLO records for each
 instruction (a fusion's time is split over its instructions' lines in proportion to their
