@@ -168,6 +168,12 @@ def step(runs: Run, states: State, shapes: Shapes) -> State:
         runs, states, looks._replace(changed=looks.changed | after.touched))
 
 
+# Steps per test of the event loop's condition: a loop of known trip count inside it runs
+# without the host reading a condition (on a GPU each test is a round trip to the host;
+# benchmarks/RESULTS.md, session 12).
+_STEPS_PER_TEST = 2
+
+
 def _frozen(state: State) -> dict:
     """What results read that an ended configuration's steps would still change: its clocks keep
     ticking (cycles, DVFS), and a configuration stopped by the tick limit keeps running."""
@@ -180,11 +186,14 @@ def _frozen(state: State) -> dict:
 
 def loop(runs: Run, shapes: Shapes, max_ticks: int, begin: State | None = None) -> tuple[State, Int[Array, ""]]:
     """The event loops of a batch (a leading axis on `runs`), run together until the last ends
-    (from `begin`, default tick 0), and the number of steps they took.
+    (from `begin`, default tick 0), and the number of steps they took (a multiple of
+    `_STEPS_PER_TEST`).
 
     Once a configuration has ended its steps still run (until the batch's last ends); only what
     results read and a step still changes (`_frozen`) is kept from its end. The per-CTA trace,
-    the warps and the CTA slots of an ended configuration change no more: its CTAs are all done."""
+    the warps and the CTA slots of an ended configuration change no more: its CTAs are all done.
+    So the loop may test whether any configuration still runs only every `_STEPS_PER_TEST`
+    steps: the extra steps after the last one ends change nothing that results read."""
 
     def body(carry: tuple[State, Array]) -> tuple[State, Array]:
         states, n = carry
@@ -203,5 +212,8 @@ def loop(runs: Run, shapes: Shapes, max_ticks: int, begin: State | None = None) 
     def any_running(carry: tuple[State, Array]) -> Array:
         return jnp.any(jax.vmap(lambda r, s: running(r, s, max_ticks))(runs, carry[0]))
 
+    def steps(carry: tuple[State, Array]) -> tuple[State, Array]:
+        return jax.lax.fori_loop(0, _STEPS_PER_TEST, lambda _, c: body(c), carry)
+
     begin = jax.vmap(lambda r: start(r, shapes))(runs) if begin is None else begin
-    return jax.lax.while_loop(any_running, body, (begin, jnp.int32(0)))
+    return jax.lax.while_loop(any_running, steps, (begin, jnp.int32(0)))
