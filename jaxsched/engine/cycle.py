@@ -15,13 +15,12 @@ from jaxtyping import Array, Bool, Int
 
 from ..isa import Op
 from ..lower import QUEUE_ONE_TICK, Launch, Shapes
-from .exact import floor_div
 from .launch_credit import collect, has_free_slot
 from .launches import Launches, instruction_fields, op_and_dep, per_launch_sum, update_ready, warp_program
 from .materialize import once
 from .state import INF, N_PIPES, NO_WARP, State
-from .slots import by_scheduler, per_warp, q_index
-from .status import blocked_split, mem_cycle, one_of_class, op_class, ready_counts, scan, stall_rows, throttled
+from .slots import by_scheduler, cta_slot_of, per_warp, q_index
+from .status import blocked_split, interval_cycles, mem_cycle, one_of_class, op_class, ready_counts, scan, stall_rows, throttled
 from .variation import resolve_pc
 
 LRR, GTO, OLDEST = 0, 1, 2
@@ -130,8 +129,8 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches,
     """Execute the SM cycles of tick `state.tick` (section 7), complete CTAs and launches, and
     learn which launches became ready (section 13); no dispatch. `launches`: the per-launch
     tables (`launches.single(launch, shapes)` for one kernel); `one`: a traced 1 for `once`.
-    Returns the CTA slots whose barrier released: their warps still wait for
-    `intervals.release_ctas`.
+    Returns the CTA slots whose barrier released: their warps' intervals start after the tick's
+    dispatch (`intervals.release`, from `step._columns_work`).
 
     One pass over the warp slots (`status.scan`) finds the eligible warps and counts the ready
     ones; what an issue does is decoded and computed per scheduler for its selected warp, then
@@ -153,7 +152,6 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches,
     op_s, _, lat_s, issue64_s, mio_cost_s, mem_lat_s, l2_s, dram_s = (
         jnp.where(has, fields[..., i], 0) for i in range(8))
     prog = warp_program(launches, launch_s)
-    cc = c
 
     # MIO: schedulers in index order share the SM's backlog.
     mio_before = state.mio + jnp.cumsum(mio_cost_s, axis=0, dtype=jnp.int32) - mio_cost_s
@@ -188,12 +186,12 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches,
 
     # The issuing warp's ready times, and its next instruction's blocked interval, which starts
     # at the SM's next cycle; EXIT leaves, BAR waits for the release (wake INF meanwhile).
-    ready_fixed = jnp.where(has_pipe, jnp.maximum(pick(w.ready_fixed), cc + lat_s), pick(w.ready_fixed))
-    ready_mio = jnp.where(is_short, jnp.maximum(pick(w.ready_mio), cc + mio_before + mio_cost_s + lat_s),
+    ready_fixed = jnp.where(has_pipe, jnp.maximum(pick(w.ready_fixed), c + lat_s), pick(w.ready_fixed))
+    ready_mio = jnp.where(is_short, jnp.maximum(pick(w.ready_mio), c + mio_before + mio_cost_s + lat_s),
                           pick(w.ready_mio))
     ready_mem = jnp.where(is_ldg, jnp.maximum(pick(w.ready_mem), k + mem_lat_s + delay), pick(w.ready_mem))
     # A taken back-edge refetches the loop start before the warp can issue again.
-    ready_fetch = jnp.where(back, cc + launch.taken_branch_cycles, pick(w.ready_fetch))
+    ready_fetch = jnp.where(back, c + launch.taken_branch_cycles, pick(w.ready_fetch))
     op_next, dep_next = op_and_dep(launches, launch_s, jnp.clip(next_pc, 0, shapes.n_instr - 1))
     after = c + edge
     blocked = blocked_split(dep_next, ready_fixed, ready_mio, ready_fetch,
@@ -201,11 +199,10 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches,
     stops = exits | arrive
     wake = jnp.where(stops, INF, blocked.wake)
     counted = has & ~stops
-    blocked_cycles = jnp.stack([jnp.sum(jnp.where(counted, x, 0), axis=0, dtype=jnp.int64)
-                                for x in (blocked.long, blocked.short, blocked.wait)])
+    blocked_cycles = interval_cycles(blocked, counted)
 
     slot_s = jnp.arange(shapes.schedulers, dtype=jnp.int32)[:, None] + shapes.schedulers * q_sel
-    cta_of_sel = jnp.minimum(floor_div(slot_s, launch.warps_per_cta), shapes.cta_slots - 1)
+    cta_of_sel = cta_slot_of(slot_s, launch.warps_per_cta, shapes)
     cta_arrived = state.cta_arrived + _per_cta((arrive & ~grid_arrive).astype(jnp.int32), cta_of_sel, shapes)
     cta_live = state.cta_live - _per_cta(exits.astype(jnp.int32), cta_of_sel, shapes)
     occupied = state.cta_id >= 0

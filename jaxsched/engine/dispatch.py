@@ -7,9 +7,9 @@ refilled only on an SM that holds the launch credit (each refill spends it), so 
 usable free slots while `resident` still counts occupied ones. Policies are selected by a traced index, so
 one compiled simulation serves all of them.
 
-A tick's dispatch is four steps, so that a batch runs its placement loop itself (`run.py`):
-`plan` (the slot table and what the placements read), `place` until no configuration
-`has_work` (one CTA per configuration per iteration; the loop carries only the CTA-slot table),
+A tick's dispatch is four steps, so that a batch runs its placement loop itself
+(`step._after_cycles`): `plan` (the slot table and what the placements read), `place` until no
+configuration `has_work` (one CTA per call; the loop carries only the CTA-slot table),
 `start_warps` (the warps of every CTA placed, on the SMs that took one, from per-CTA
 variation tables computed once per run), and `commit` (CTA tables and counters). Under `vmap`
 a `while_loop` selects its whole carry at every iteration; a batch-level loop over `place`,
@@ -29,7 +29,7 @@ from ..lower import Launch, Shapes
 from .exact import floor_div
 from .launch_credit import can_launch
 from .launches import Launches, head_launch, op_and_dep, warp_program
-from .slots import hardware_slot
+from .slots import cta_slot_of, hardware_slot
 from .state import INF, State, Warps
 from .status import op_class
 from .variation import resolve_pc, warp_variation
@@ -223,7 +223,7 @@ def start_warps(
     subset of SMs (the columns of every argument), as `step._after_cycles` gives it."""
     n_w = launch.warps_per_cta
     slot = hardware_slot(shapes)
-    j_of = jnp.minimum(floor_div(slot, n_w), shapes.cta_slots - 1)
+    j_of = cta_slot_of(slot, n_w, shapes)
     warp = jnp.clip(slot - j_of * n_w, 0, 31)[:, None]
     fresh = new[j_of] & (slot < shapes.cta_slots * n_w)[:, None]
     cta = jnp.clip(cta_id[j_of], 0, shapes.max_ctas - 1)

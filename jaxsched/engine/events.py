@@ -25,7 +25,7 @@ from .launch_credit import collect, cycles_to_full, has_free_slot
 from .launches import Launches, next_ready_tick
 from .power import next_dvfs_event
 from .state import State
-from .status import INF, class_bits, class_counts, ready_counts, stall_rows, throttled
+from .status import INF, class_bits, class_counts, cycles_in, ready_counts, stall_rows, throttled
 
 _MAX_AHEAD_CYCLES = 1 << 17  # x MAX_MHZ stays in int32; a farther event just comes early
 
@@ -47,8 +47,8 @@ def cycles_in_ticks(
 ) -> tuple[Int[Array, " sm"], Int[Array, " sm"]]:
     """Cycles each SM executes in the next `ticks` ticks, and its accumulator afterwards:
     `acc + ticks f = cycles F + acc'` (exactly, `exact.floor_div`)."""
+    cycles = cycles_in(state.freq, state.acc, launch.tick_mhz, ticks)
     total = state.acc + jnp.asarray(ticks).astype(jnp.int64) * state.freq
-    cycles = floor_div(total, launch.tick_mhz)
     return cycles, (total - cycles.astype(jnp.int64) * launch.tick_mhz).astype(jnp.int32)
 
 

@@ -8,28 +8,16 @@ the cycle at which a pending memory result arrives, since memory latencies run i
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import NamedTuple
 
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..lower import Launch, Shapes
-from .exact import floor_div
 from .launches import Launches, op_and_dep
-from .slots import hardware_slot
-from .state import INF, NO_WARP, Counters, Warps
-from .status import LONG_SB, WAIT, Blocked, blocked_split, mem_cycle
-
-
-def _totals(b: Blocked, mask: Bool[Array, "warp sm"]) -> Int[Array, "3 sm"]:
-    """Per SM, the (long, short, wait) cycles of the masked warps' intervals."""
-    return jnp.stack([jnp.sum(jnp.where(mask, x, 0), axis=0, dtype=jnp.int64) for x in (b.long, b.short, b.wait)])
-
-
-def count(counters: Counters, cycles: Int[Array, "3 sm"]) -> Counters:
-    """Add per-SM (long, short, wait) interval cycles to the stall counters."""
-    return replace(counters, sm_stalls=counters.sm_stalls.at[LONG_SB:WAIT + 1].add(cycles))
+from .slots import cta_slot_of, hardware_slot
+from .state import INF, NO_WARP, Warps
+from .status import Blocked, blocked_split, interval_cycles, mem_cycle
 
 
 def _dep(w: Warps, launches: Launches, shapes: Shapes) -> Bool[Array, "warp sm"]:
@@ -50,8 +38,7 @@ class Clock(NamedTuple):
 def cta_warps(released: Bool[Array, "cta sm"], w: Warps, launch: Launch, shapes: Shapes) -> Bool[Array, "warp sm"]:
     """The live warps of the CTA slots `released` (at a release, all of them wait at the
     barrier)."""
-    cta_of_warp = jnp.minimum(floor_div(hardware_slot(shapes), launch.warps_per_cta), shapes.cta_slots - 1)
-    return released[cta_of_warp] & (w.pc != NO_WARP)
+    return released[cta_slot_of(hardware_slot(shapes), launch.warps_per_cta, shapes)] & (w.pc != NO_WARP)
 
 
 def release(w: Warps, released: Bool[Array, "warp sm"], clock: Clock, launch: Launch, shapes: Shapes,
@@ -61,7 +48,7 @@ def release(w: Warps, released: Bool[Array, "warp sm"], clock: Clock, launch: La
     start = clock.cycle
     m = mem_cycle(w.ready_mem, clock.tick, start, clock.freq, clock.acc, launch.tick_mhz)
     b = blocked_split(_dep(w, launches, shapes), w.ready_fixed, w.ready_mio, w.ready_fetch, m, start)
-    return jnp.where(released, b.wake, w.wake), _totals(b, released)
+    return jnp.where(released, b.wake, w.wake), interval_cycles(b, released)
 
 
 def reclock(w: Warps, clock: Clock, old_freq: Int[Array, " sm"], launch: Launch, shapes: Shapes,
@@ -80,4 +67,4 @@ def reclock(w: Warps, clock: Clock, old_freq: Int[Array, " sm"], launch: Launch,
         return blocked_split(dep, w.ready_fixed, w.ready_mio, w.ready_fetch, m, start)
 
     old, new = split(old_freq), split(clock.freq)
-    return jnp.where(pending, new.wake, w.wake), _totals(new, pending) - _totals(old, pending)
+    return jnp.where(pending, new.wake, w.wake), interval_cycles(new, pending) - interval_cycles(old, pending)

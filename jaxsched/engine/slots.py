@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int
 
 from ..lower import Shapes
+from .exact import floor_div
 
 
 def by_scheduler(x: Array, shapes: Shapes) -> Array:
@@ -41,3 +42,9 @@ def hardware_slot(shapes: Shapes) -> Int[Array, " warp"]:
     """The hardware warp slot w = 4q + j held at each position p = j * n_q + q."""
     p = jnp.arange(shapes.warp_slots, dtype=jnp.int32)
     return shapes.schedulers * (p % shapes.warps_per_scheduler) + p // shapes.warps_per_scheduler
+
+
+def cta_slot_of(slot: Int[Array, "..."], warps_per_cta: Int[Array, ""], shapes: Shapes) -> Int[Array, "..."]:
+    """The CTA slot hardware warp slot `slot` belongs to: `slot // W` (docs/model.md section
+    7), clipped to the CTA slots (slots past the last CTA's warps hold no warp)."""
+    return jnp.minimum(floor_div(slot, warps_per_cta), shapes.cta_slots - 1)

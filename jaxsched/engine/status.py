@@ -139,6 +139,11 @@ def blocked_split(dep: Bool[Array, "..."], ready_fixed: Array, ready_mio: Array,
                    wait=jnp.maximum(until - after_short, 0), wake=jnp.maximum(after_short, until))
 
 
+def interval_cycles(b: Blocked, mask: Bool[Array, "n sm"]) -> Int[Array, "3 sm"]:
+    """Per SM, the (long, short, wait) cycles of the masked intervals (warps or schedulers)."""
+    return jnp.stack([jnp.sum(jnp.where(mask, x, 0), axis=0, dtype=jnp.int64) for x in (b.long, b.short, b.wait)])
+
+
 def mem_cycle(ready_mem: Array, tick: Int[Array, ""], cycle: Array, freq: Array, acc: Array,
               tick_mhz: Int[Array, ""]) -> Array:
     """The first cycle an SM executes at or after tick `ready_mem`, seen after tick `tick` (with
