@@ -4,24 +4,20 @@ at a time.
 A CTA launch, a barrier release or a clock change touches the warps of a handful of SMs in a
 step, while the batch holds thousands: a dense pass over every warp slot of every SM would cost
 as much as the whole cycle. The batch arrays keep their SM axis last (`slots.py`), so the marked
-SMs are columns: `take` gathers a few of them per configuration (`next_columns`), a function works on those
-columns, and `put` scatters them back (`step._after_cycles` repeats this until no configuration
-has SMs left).
+SMs are columns: `for_marked_sms` gathers up to `k` of them per configuration, lets a function
+work on those columns, scatters them back, and repeats until no configuration has marked SMs
+left (no iteration at all in a step that marks none).
 """
 
 from __future__ import annotations
+
+from typing import Callable, TypeVar
 
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
-
-def next_columns(marked: Bool[Array, "batch sm"], k: int) -> tuple[Int[Array, "batch k"], Bool[Array, "batch sm"]]:
-    """Up to `k` marked SMs of each configuration (their indices; the SM count where fewer are
-    marked) and the marks left after them."""
-    n_sm = marked.shape[-1]
-    cols = jax.vmap(lambda m: jnp.nonzero(m, size=k, fill_value=n_sm)[0].astype(jnp.int32))(marked)
-    return cols, put(marked, cols, jnp.zeros(cols.shape, bool))
+T = TypeVar("T")
 
 
 def take(x: Array, cols: Int[Array, "batch k"]) -> Array:
@@ -36,3 +32,18 @@ def put(x: Array, cols: Int[Array, "batch k"], values: Array) -> Array:
         return a.at[(slice(None),) * (a.ndim - 1) + (c,)].set(v, mode="drop")
 
     return jax.vmap(one)(x, cols, values)
+
+
+def for_marked_sms(marked: Bool[Array, "batch sm"], fn: Callable[[Int[Array, "batch k"], T], T], carry: T,
+                   k: int) -> T:
+    """`carry = fn(cols, carry)` for the marked SMs, `k` of each configuration per call (`cols`
+    [batch, k]: their indices, the SM count where a configuration has fewer left), until none
+    is left."""
+    n_sm = marked.shape[-1]
+
+    def body(c: tuple) -> tuple:
+        left, value = c
+        cols = jax.vmap(lambda m: jnp.nonzero(m, size=k, fill_value=n_sm)[0].astype(jnp.int32))(left)
+        return put(left, cols, jnp.zeros(cols.shape, bool)), fn(cols, value)
+
+    return jax.lax.while_loop(lambda c: jnp.any(c[0]), body, (marked, carry))[1]

@@ -220,7 +220,7 @@ def start_warps(
     """Start the warps of the CTAs placed in this tick (`new`, placed as `cta_id` of `cta_launch`),
     and count per SM the work items their warps took (persistent kernels; `state` is the state
     before the tick's placements). Slot w belongs to CTA slot w // W, warp w mod W. Works on any
-    subset of SMs (the columns of every argument), as `step._after_cycles` gives it."""
+    subset of SMs (the columns of every argument), as `columns.for_marked_sms` gives it."""
     n_w = launch.warps_per_cta
     slot = hardware_slot(shapes)
     j_of = cta_slot_of(slot, n_w, shapes)
