@@ -167,7 +167,8 @@ def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: st
     """`simulate` with `reference.simulate`'s arguments, as one configuration of a batch padded to
     the largest static sizes the strategies draw (every CTA slot of the chip, `MAX_GRID` CTAs,
     the DVFS step compiled in): a kernel's sizes otherwise follow its occupancy and grid, and
-    every hypothesis example would compile anew."""
+    every hypothesis example would compile anew. (Larger grids share the compilation of their
+    power of two, `engine/sizes.py`.)"""
     grid = sum(int(k.grid_ctas) for k in kernel.kernels) if isinstance(kernel, js.Workload) else int(kernel.grid_ctas)
     batch = simulate_batch([arch], [kernel], [clocks], [WARP_POLICIES.index(warp_policy)],
                            [DISPATCH_POLICIES.index(dispatch)], [dispatch_start], dispatch_weight=[dispatch_weight],

@@ -32,6 +32,7 @@ from .dispatch import variation_tables
 from .launches import Launches, make_launches, single
 from .power import domains, final_outputs
 from .prepare import WorkloadInput, prepare_workload, workload_shapes
+from .sizes import compiled_input, compiled_shapes, unnamed
 from .state import STALL_REASONS, State
 from .step import Run, loop
 
@@ -341,12 +342,20 @@ def simulate(
     extra = _dispatch_inputs(arch, clocks, dispatch_weight, ema_alpha, ema_prior_ns)
     dvfs = _dvfs_input(arch, dvfs)
     shapes = dataclasses.replace(shapes, trace_len=_trace_len(trace_len), dvfs=any_dvfs(dvfs))
+    sized = compiled_shapes(shapes)
     with jax.enable_x64(True):
-        result = _compiled(arch, kernel, clocks, wp, dp, np.int32(dispatch_start), *extra, dvfs,
-                           shapes=shapes, max_ticks=max_ticks, batched=False)
+        result = _compiled(unnamed(arch), compiled_input(kernel, sized), clocks, wp, dp, np.int32(dispatch_start),
+                           *extra, dvfs, shapes=sized, max_ticks=max_ticks, batched=False)
         result = jax.device_get(result)
     _check_done(result, max_ticks)
-    return result
+    return _trimmed(result, shapes.max_ctas)
+
+
+def _trimmed(result: Result, n_ctas: int) -> Result:
+    """`result` with its per-CTA trace cut to `n_ctas` entries (`sizes.compiled_shapes` pads it)."""
+    cut = lambda x: x[..., :n_ctas]  # noqa: E731
+    return dataclasses.replace(result, cta_sm=cut(result.cta_sm), cta_start_tick=cut(result.cta_start_tick),
+                               cta_end_tick=cut(result.cta_end_tick), cta_kernel=cut(result.cta_kernel))
 
 
 def stack(items: Sequence[eqx.Module]) -> eqx.Module:
@@ -430,13 +439,14 @@ def simulate_batch(
     priors = np.broadcast_to(np.asarray(ema_prior_ns, dtype=np.float32), (n,))
     extra = [_dispatch_inputs(a, c, w, al, pr) for a, c, w, al, pr in zip(archs, clocks, weights, alphas, priors)]
     extra = tuple(np.stack(col) for col in zip(*extra))
+    sized = compiled_shapes(shapes)
     with jax.enable_x64(True):
-        result = _compiled(stack(archs), stack(kernels), stack(clocks), as_i32(warp_policy),
-                           as_i32(dispatch), as_i32(dispatch_start), *extra, dvfs_stack, shapes=shapes,
-                           max_ticks=max_ticks, batched=True, chunk=chunk)
+        result = _compiled(stack([unnamed(a) for a in archs]), stack([compiled_input(k, sized) for k in kernels]),
+                           stack(clocks), as_i32(warp_policy), as_i32(dispatch), as_i32(dispatch_start), *extra,
+                           dvfs_stack, shapes=sized, max_ticks=max_ticks, batched=True, chunk=chunk)
         result = jax.device_get(result)
     _check_done(result, max_ticks)
-    return result
+    return _trimmed(result, shapes.max_ctas)
 
 
 def _padded(field: str, given: int | None, sizes: list[int], what: str, most: int) -> int:

@@ -1,0 +1,41 @@
+"""The static sizes a simulation compiles for: the caller's program length and per-CTA trace
+length rounded up, so that configurations of similar size share one compilation. Without it a
+Python loop over grid sizes, or over kernels whose programs differ by an instruction, compiles
+once per value (several seconds each); with it, once per bucket.
+
+The rounding is exact: a padded instruction is an EXIT after the program's own last one, which
+no warp fetches, and a padded per-CTA trace entry is never written (the differential tests pad
+further still, `tests/helpers.simulate_padded`). Callers cut the trace back to the sizes they
+were asked for (`run._trimmed`). Names are dropped too: they are static fields of `Arch` and
+`Kernel` that change no number, and a new name would otherwise compile anew.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..arch import Arch
+from ..kernel import Kernel, pad_program
+from ..lower import Shapes
+from .prepare import WorkloadInput
+
+INSTR_QUANTUM = 8  # program lengths round up to a multiple of this
+
+
+def compiled_shapes(shapes: Shapes) -> Shapes:
+    """`shapes` with the program length rounded up to a multiple of `INSTR_QUANTUM` and the
+    per-CTA trace to a power of two. Neither costs a step anything measurable: instructions are
+    fetched by index, and the trace is written once per CTA start and end."""
+    return dataclasses.replace(shapes, n_instr=-(-shapes.n_instr // INSTR_QUANTUM) * INSTR_QUANTUM,
+                               max_ctas=1 << max(0, shapes.max_ctas - 1).bit_length())
+
+
+def compiled_input(item: Kernel | WorkloadInput, shapes: Shapes) -> Kernel | WorkloadInput:
+    """A kernel, or a prepared workload's kernels, padded to `shapes.n_instr` and unnamed."""
+    if isinstance(item, WorkloadInput):
+        return dataclasses.replace(item, kernels=tuple(pad_program(k, shapes.n_instr) for k in item.kernels))
+    return pad_program(item, shapes.n_instr).replace(name="")
+
+
+def unnamed(arch: Arch) -> Arch:
+    return arch.replace(name="")

@@ -1,0 +1,40 @@
+"""Compiled sizes (engine/sizes.py): kernels that differ in grid size, program length within
+one multiple of 8, or name share one compilation, and each gets its own exact results, its
+per-CTA trace cut back to its own grid."""
+
+import numpy as np
+
+import jaxsched as js
+from jaxsched import reference
+from jaxsched.engine import run as engine_run
+
+from helpers import small_arch
+from test_engine_vs_reference import assert_same
+
+PROGRAMS = ["loop 2 cta_spread=1\n ldg bytes=128\n fma dep\nend",
+            "loop 2 cta_spread=1\n ldg bytes=128\n fma dep\n fma\n sfu dep\nend"]
+
+
+def test_grid_program_and_name_changes_share_one_compilation():
+    arch = small_arch(3)
+    clk = js.clocks.from_array(arch, np.linspace(900, 1900, arch.n_sm_slots))
+    kernels = [js.make_kernel(p, grid=g, threads=96, regs=32, name=f"k{i}")
+               for i, (p, g) in enumerate([(PROGRAMS[0], 33), (PROGRAMS[1], 40), (PROGRAMS[0], 61)])]
+    before = engine_run._compiled._cache_size()
+    for kernel in kernels:
+        result = js.simulate(arch, kernel, clk, warp_policy="lrr")
+        assert result.cta_sm.shape == (int(kernel.grid_ctas),)
+        assert_same(result, reference.simulate(arch=arch, kernel=kernel, clocks=clk, warp_policy="lrr"))
+    assert engine_run._compiled._cache_size() - before <= 1  # 0 if an earlier test compiled it
+
+
+def test_a_batch_trace_has_the_batch_s_largest_grid():
+    arch = small_arch(3)
+    clk = js.clocks.from_array(arch, np.linspace(900, 1900, arch.n_sm_slots))
+    kernels = [js.make_kernel(PROGRAMS[0], grid=g, threads=96, regs=32) for g in (5, 37)]
+    batch = js.simulate_batch([arch] * 2, kernels, [clk] * 2, [0, 1], [0, 0], [0, 0])
+    assert batch.cta_end_tick.shape == (2, 37)
+    for i, kernel in enumerate(kernels):
+        ref = reference.simulate(arch=arch, kernel=kernel, clocks=clk, warp_policy=["lrr", "gto"][i])
+        assert_same(batch, ref, index=i)
+        np.testing.assert_array_equal(batch.cta_sm[i, int(kernel.grid_ctas):], -1)
