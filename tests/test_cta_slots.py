@@ -30,6 +30,7 @@ def test_padded_batch_equals_single_runs(cta_slots):
     arch, many, few = _kernels()
     clk = [clocks.from_array(arch, np.linspace(1400, 1900, arch.n_sm_slots)) for _ in range(2)]
     batch = js.simulate_batch([arch, arch], [many, few], clk, [1, 0], [0, 0], [0, 0], cta_slots=cta_slots)
+    assert np.asarray(batch.cta_end_tick).shape[-1] == 40  # by default, the batch's largest grid
     for i, kernel in enumerate((many, few)):
         alone = js.simulate(arch, kernel, clk[i], warp_policy=["gto", "lrr"][i])
         for name in ("makespan_ticks", "sm_issued", "sm_stalls", "sm_ctas", "sm_warp_cycles"):

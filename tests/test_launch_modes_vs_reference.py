@@ -49,10 +49,10 @@ def launch_mode_configurations(draw) -> dict:
     items = draw(st.integers(0, 400)) if mode == "persistent" else 0
     event(mode)
     kernel = base.replace(grid_ctas=np.int32(grid), work_items=np.int32(items))
-    extra = {}
+    extra = {"trace_len": 4}  # with or without DVFS, so that every example shares one compilation
     if draw(st.booleans()):
-        extra = {"dvfs": js.dvfs.default(arch, period_us=0.05, latency_us=0.02, power_cap_w=draw(
-            st.floats(1.0, 30.0)), min_mhz=300.0), "trace_len": 4}
+        extra["dvfs"] = js.dvfs.default(arch, period_us=0.05, latency_us=0.02, power_cap_w=draw(
+            st.floats(1.0, 30.0)), min_mhz=300.0)
     return {**cfg, "kernel": kernel, **extra}
 
 
