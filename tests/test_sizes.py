@@ -1,12 +1,14 @@
-"""Compiled sizes (engine/sizes.py): kernels that differ in grid size, program length within
-one multiple of 8, or name share one compilation, and each gets its own exact results, its
-per-CTA trace cut back to its own grid."""
+"""Compiled sizes (engine/sizes.py): kernels that differ in grid size within one bucket,
+program length within one multiple of 8, or name share one compilation, and each gets its own
+exact results, its per-CTA trace cut back to its own grid."""
 
 import numpy as np
+import pytest
 
 import jaxsched as js
 from jaxsched import reference
 from jaxsched.engine import run as engine_run
+from jaxsched.engine.sizes import quarter_octave
 
 from helpers import small_arch
 from test_engine_vs_reference import assert_same
@@ -19,7 +21,7 @@ def test_grid_program_and_name_changes_share_one_compilation():
     arch = small_arch(3)
     clk = js.clocks.from_array(arch, np.linspace(900, 1900, arch.n_sm_slots))
     kernels = [js.make_kernel(p, grid=g, threads=96, regs=32, name=f"k{i}")
-               for i, (p, g) in enumerate([(PROGRAMS[0], 33), (PROGRAMS[1], 40), (PROGRAMS[0], 61)])]
+               for i, (p, g) in enumerate([(PROGRAMS[0], 33), (PROGRAMS[1], 36), (PROGRAMS[0], 40)])]
     before = engine_run._compiled._cache_size()
     for kernel in kernels:
         result = js.simulate(arch, kernel, clk, warp_policy="lrr")
@@ -38,3 +40,10 @@ def test_a_batch_trace_has_the_batch_s_largest_grid():
         ref = reference.simulate(arch=arch, kernel=kernel, clocks=clk, warp_policy=["lrr", "gto"][i])
         assert_same(batch, ref, index=i)
         np.testing.assert_array_equal(batch.cta_sm[i, int(kernel.grid_ctas):], -1)
+
+
+@pytest.mark.parametrize("n, bucket", [(1, 1), (7, 7), (8, 8), (9, 10), (33, 40), (48, 48), (61, 64), (65, 80),
+                                       (4224, 5120), (5121, 6144)])
+def test_trace_buckets_are_quarter_octaves(n, bucket):
+    assert quarter_octave(n) == bucket
+    assert n <= bucket < 1.25 * n or bucket == n

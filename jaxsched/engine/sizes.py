@@ -24,10 +24,20 @@ INSTR_QUANTUM = 8  # program lengths round up to a multiple of this
 
 def compiled_shapes(shapes: Shapes) -> Shapes:
     """`shapes` with the program length rounded up to a multiple of `INSTR_QUANTUM` and the
-    per-CTA trace to a power of two. Neither costs a step anything measurable: instructions are
-    fetched by index, and the trace is written once per CTA start and end."""
+    per-CTA trace to one of four sizes per octave (`quarter_octave`). Neither costs a step
+    anything measurable: instructions are fetched by index, and the trace and the per-CTA
+    variation table are written once per run and read once per CTA start and end."""
     return dataclasses.replace(shapes, n_instr=-(-shapes.n_instr // INSTR_QUANTUM) * INSTR_QUANTUM,
-                               max_ctas=1 << max(0, shapes.max_ctas - 1).bit_length())
+                               max_ctas=quarter_octave(shapes.max_ctas))
+
+
+def quarter_octave(n: int) -> int:
+    """The least of 5, 6, 7 or 8 times a power of two that is at least `n` (`n` itself up to 8):
+    under 25 % more, so that the per-CTA arrays of a large grid (the variation table holds 32
+    entries per CTA per configuration) grow little, and a loop over grids still compiles once
+    per bucket."""
+    step = 1 << max(0, (n - 1).bit_length() - 3)
+    return -(-n // step) * step
 
 
 def compiled_input(item: Kernel | WorkloadInput, shapes: Shapes) -> Kernel | WorkloadInput:
