@@ -8,7 +8,7 @@ usable free slots while `resident` still counts occupied ones. Policies are sele
 one compiled simulation serves all of them.
 
 A tick's dispatch is four steps, so that a batch runs its placement loop itself
-(`step._after_cycles`): `plan` (the slot table and what the placements read), `place` until no
+(`step._place`): `plan` (the slot table and what the placements read), `place` until no
 configuration `has_work` (one CTA per call; the loop carries only the CTA-slot table),
 `start_warps` (the warps of every CTA placed, on the SMs that took one, from per-CTA
 variation tables computed once per run), and `commit` (CTA tables and counters). Under `vmap`
