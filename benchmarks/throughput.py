@@ -25,6 +25,7 @@ import numpy as np
 
 import jaxsched as js
 from jaxsched import clocks, dvfs, reference
+from jaxsched.engine.devices import mesh_of
 from jaxsched.engine.run import MAX_TICKS, _compiled, default_chunk, stack
 from jaxsched.lower import shapes_for
 from jaxsched.kernel import make_kernel
@@ -54,6 +55,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--trips", type=int, default=4, help="loop trips per warp")
     parser.add_argument("--dvfs", action="store_true", help="DVFS on (section 12)")
+    parser.add_argument("--devices", type=int, default=0,
+                        help="devices sharing the batch (default: all local ones, as simulate_batch)")
+    parser.add_argument("--chunk", type=int, default=0, help="configurations per chunk (default: default_chunk)")
     parser.add_argument("--reference-configs", type=int, default=0,
                         help="also time the plain-Python reference on this many configurations")
     args = parser.parse_args()
@@ -69,9 +73,10 @@ def main() -> None:
     with jax.enable_x64(True):
         t0 = time.perf_counter()
         shapes = dataclasses.replace(shapes_for(arch, kernel), dvfs=args.dvfs)  # as simulate_batch decides
-        chunk = default_chunk(shapes)  # as simulate_batch decides
+        chunk = args.chunk or default_chunk(shapes)  # as simulate_batch decides
+        devices = jax.local_devices()[:args.devices or None]
         compiled = _compiled.lower(*inputs, shapes=shapes, max_ticks=MAX_TICKS,
-                                   batched=True, chunk=chunk).compile()
+                                   batched=True, chunk=chunk, mesh=mesh_of(devices)).compile()
         compile_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
         result = jax.device_get(compiled(*inputs))
@@ -81,7 +86,8 @@ def main() -> None:
         "device": str(jax.devices()[0].device_kind),
         "platform": jax.default_backend(),
         "batch": n,
-        "chunk": chunk,  # configurations per vmapped chunk (None: all at once)
+        "devices": len(devices),  # sharing the batch
+        "chunk": chunk,  # configurations per vmapped chunk on each device (None: all at once)
         "sm_count": arch.sm_count,
         "ctas_per_config": int(kernel.grid_ctas),
         "loop_trips": args.trips,

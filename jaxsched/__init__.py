@@ -12,6 +12,10 @@ Several kernels on streams, with events, or as one CUDA graph:
     result = js.simulate(arch, workload)  # result.kernel_start_ns, kernel_end_ns, ...
 """
 
+from .engine.devices import use_host_cores
+
+use_host_cores()  # before anything starts JAX's backends: one CPU device per core
+
 from . import bounds, clocks, dvfs, freqmap, presets, workload
 from .arch import Arch, make_arch
 from .archio import load as load_arch

@@ -107,16 +107,13 @@ resume test can kill a sweep between chunks deterministically.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
-import functools
 import hashlib
 import math
 import os
 import shutil
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterator, NamedTuple, Sequence
@@ -124,11 +121,9 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 import jax
 import numpy as np
 import xarray as xr
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from . import __version__, archio, clocks, dvfs, freqmap, presets, tomldoc
 from . import sweep_design, sweep_paths
 from .arch import Arch
-from .engine import run as engine_run
 from .engine.run import Result, any_dvfs, simulate_batch
 from .engine.state import STALL_REASONS
 from .errors import JaxschedError, check
@@ -586,44 +581,6 @@ def select_devices(spec: str | int | None = None) -> list:
     return [local[j] for j in picked]
 
 
-@functools.lru_cache(maxsize=16)
-def _shard_mapped(compiled: Callable, mesh: Mesh, static: tuple) -> Callable:
-    fn = functools.partial(compiled, **dict(static))
-    spec = PartitionSpec("config")
-    return jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False))
-
-
-_ENGINE_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def _sharded_engine(mesh: Mesh):
-    """Run `simulate_batch` with its configuration axis sharded over `mesh`.
-
-    `simulate_batch` validates, stacks and pads the configurations and hands the stacked inputs
-    (every one with a leading configuration axis) to the engine's jitted `_compiled`. Here that
-    call is routed through `shard_map`: the inputs are placed with
-    `NamedSharding(mesh, PartitionSpec("config"))` and each device runs the same vmapped engine
-    on its own slice. Nothing else changes, so results equal the unsharded ones bit for bit.
-    """
-    original = getattr(engine_run, "_compiled", None)
-    check(callable(original), "engine", "jaxsched.engine.run._compiled",
-          "not found; sharded sweeps need the engine's batched entry point")
-    sharding = NamedSharding(mesh, PartitionSpec("config"))
-
-    def compiled(*config, **static):
-        if not static.get("batched", True):
-            return original(*config, **static)
-        return _shard_mapped(original, mesh, tuple(sorted(static.items())))(*jax.device_put(config, sharding))
-
-    with _ENGINE_LOCK:
-        engine_run._compiled = compiled
-        try:
-            yield
-        finally:
-            engine_run._compiled = original
-
-
 class Runner:
     """Runs batches of configurations on local devices, sharded over them when more than one."""
 
@@ -632,7 +589,6 @@ class Runner:
         self.devices = list(devices) if devices else jax.local_devices()
         # simulate_batch's; None decides per batch. A sweep fixes them so that it compiles once.
         self.dvfs_step, self.cta_slots, self.max_ctas = dvfs_step, cta_slots, max_ctas
-        self.mesh = Mesh(np.asarray(self.devices), ("config",)) if len(self.devices) > 1 else None
 
     def batch_size(self, n: int) -> int:
         """`n` rounded up to a multiple of the device count."""
@@ -652,13 +608,9 @@ class Runner:
         args = [col[name] for name in ("arch", "kernel", "clocks", "warp_policy", "dispatch", "dispatch_start")]
         kwargs = dict(dispatch_weight=col["dispatch_weight"], ema_alpha=np.asarray(col["ema_alpha"]),
                       ema_prior_ns=np.asarray(col["ema_prior_ns"]), dvfs=col["dvfs"],
-                      dvfs_step=self.dvfs_step, cta_slots=self.cta_slots, max_ctas=self.max_ctas)
-        if self.mesh is None:
-            with jax.default_device(self.devices[0]):
-                result = simulate_batch(*args, **kwargs)
-        else:
-            with _sharded_engine(self.mesh):
-                result = simulate_batch(*args, **kwargs)
+                      dvfs_step=self.dvfs_step, cta_slots=self.cta_slots, max_ctas=self.max_ctas,
+                      devices=self.devices)
+        result = simulate_batch(*args, **kwargs)
         return jax.tree.map(lambda x: x[:n], result)
 
 

@@ -1,5 +1,11 @@
 """A batch run in chunks (simulate_batch's `chunk`, on the CPU by default) gives every
-configuration the results of the batch run at once, bit for bit, including a padded last chunk."""
+configuration the results of the batch run at once, bit for bit, including a padded last chunk.
+The devices a batch runs on: one CPU device per core by default, and bad device lists refused
+(tests/test_sharding.py checks results over 8 devices against one)."""
+
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -25,6 +31,27 @@ def test_chunks_change_no_result():
     for name, value in vars(whole).items():
         if hasattr(value, "shape"):
             np.testing.assert_array_equal(np.asarray(getattr(chunked, name)), np.asarray(value), err_msg=name)
+
+
+def test_no_devices_is_refused():
+    with pytest.raises(JaxschedError, match="devices"):
+        _batch(devices=[])
+
+
+def _cpu_devices(env: dict) -> str:
+    """`len(jax.devices())` after importing jaxsched in a fresh process with `env` added."""
+    full = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXSCHED_CPU_DEVICES")}
+    full.update(JAX_PLATFORMS="cpu", **env)
+    code = "import jaxsched, jax; print(len(jax.devices()))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
+    return proc.stdout.strip() if proc.returncode == 0 else proc.stderr
+
+
+def test_host_cores_become_cpu_devices():
+    assert _cpu_devices({}) == str(len(os.sched_getaffinity(0)))
+    assert _cpu_devices({"JAXSCHED_CPU_DEVICES": "3"}) == "3"
+    assert _cpu_devices({"XLA_FLAGS": "--xla_force_host_platform_device_count=5"}) == "5"  # the user's choice
+    assert "JAXSCHED_CPU_DEVICES = 'none': a count of CPU devices" in _cpu_devices({"JAXSCHED_CPU_DEVICES": "none"})
 
 
 @pytest.mark.parametrize("chunk", [0, -1, 2.5])

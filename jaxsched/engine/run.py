@@ -17,6 +17,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 from .. import clocks as clocks_mod
@@ -28,6 +29,7 @@ from ..kernel import Kernel
 from ..lower import (DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, policy_index, shapes_for,
                      validate, validate_dispatch)
 from ..workload import Workload
+from .devices import mesh_of, sharded
 from .dispatch import variation_tables
 from .launches import Launches, make_launches, single
 from .power import domains, final_outputs
@@ -226,10 +228,12 @@ def _run_batch(*config, shapes: Shapes, max_ticks: int) -> Result:
     return jax.vmap(lambda f, r, a: _result(f, r, a, shapes))(final, runs, config[0])
 
 
-# Configurations x SM slots x warp slots per vmapped chunk on the CPU: a step reads and writes
-# some thirty [configuration, SM, warp] arrays, and past the last-level cache the CPU waits on
-# memory. 16 H200 configurations keep them within a 32 MiB L3 (benchmarks/RESULTS.md, session 10).
-_CPU_CHUNK_WARP_SLOTS = 16 * 144 * 64
+# Configurations x SM slots x warp slots per vmapped chunk on each CPU device (one per core): a
+# step reads and writes some thirty [configuration, SM, warp] arrays, and past the core's own
+# cache the CPU waits on memory. One H200 configuration keeps them within a 2 MiB L2; a batch
+# also waits on its slowest member. An 8-SM chip runs 18 at a time, where per-kernel overheads
+# weigh more (benchmarks/RESULTS.md, sessions 10 and 14).
+_CPU_CHUNK_WARP_SLOTS = 144 * 64
 
 
 def default_chunk(shapes: Shapes) -> int | None:
@@ -240,25 +244,41 @@ def default_chunk(shapes: Shapes) -> int | None:
     return max(1, _CPU_CHUNK_WARP_SLOTS // (shapes.n_sm * shapes.warp_slots))
 
 
+def _padded_batch(config: tuple, multiple: int) -> tuple[tuple, int]:
+    """`config` (a leading configuration axis on every leaf) padded to a multiple of `multiple`
+    configurations with copies of the first, whose results the caller drops; and the original
+    count."""
+    n = jax.tree.leaves(config)[0].shape[0]
+    pad = -n % multiple
+    return jax.tree.map(lambda x: jnp.concatenate([x, jnp.repeat(x[:1], pad, axis=0)]), config), n
+
+
 def _in_chunks(fn: Callable[..., Result], config: tuple, chunk: int) -> Result:
     """`fn` (batched) over the leading axis of `config`, `chunk` configurations at a time (one
-    `lax.map` step each). The last chunk is padded with copies of the first configuration,
-    whose results are dropped."""
-    n = jax.tree.leaves(config)[0].shape[0]
-    n_chunks = -(-n // chunk)
-    pad = n_chunks * chunk - n
-    grouped = jax.tree.map(lambda x: jnp.concatenate([x, jnp.repeat(x[:1], pad, axis=0)]).reshape(
-        n_chunks, chunk, *x.shape[1:]), config)
+    `lax.map` step each)."""
+    padded, n = _padded_batch(config, chunk)
+    n_chunks = -(-n // chunk)  # explicit: a leaf may have a zero-sized axis (no clock trace)
+    grouped = jax.tree.map(lambda x: x.reshape(n_chunks, chunk, *x.shape[1:]), padded)
     out = jax.lax.map(lambda c: fn(*c), grouped)
     return jax.tree.map(lambda y: y.reshape(n_chunks * chunk, *y.shape[2:])[:n], out)
 
 
-@functools.partial(jax.jit, static_argnames=("shapes", "max_ticks", "batched", "chunk"))
-def _compiled(*config, shapes: Shapes, max_ticks: int, batched: bool, chunk: int | None = None):
-    """One configuration, or (`batched`) a stack of them, `chunk` at a time (None: all at once)."""
+@functools.partial(jax.jit, static_argnames=("shapes", "max_ticks", "batched", "chunk", "mesh"))
+def _compiled(*config, shapes: Shapes, max_ticks: int, batched: bool, chunk: int | None = None,
+              mesh: Mesh | None = None):
+    """One configuration, or (`batched`) a stack of them, split over the devices of `mesh`
+    (None: the default device) and on each `chunk` at a time (None: all at once)."""
     if not batched:
         return _run_config(*config, shapes=shapes, max_ticks=max_ticks)
     fn = functools.partial(_run_batch, shapes=shapes, max_ticks=max_ticks)
+    if mesh is None:
+        return _chunked(fn, config, chunk)
+    padded, n = _padded_batch(config, mesh.size)
+    out = sharded(lambda *c: _chunked(fn, c, chunk), mesh)(*padded)
+    return jax.tree.map(lambda y: y[:n], out)
+
+
+def _chunked(fn: Callable[..., Result], config: tuple, chunk: int | None) -> Result:
     if chunk is not None and jax.tree.leaves(config)[0].shape[0] > chunk:
         return _in_chunks(fn, config, chunk)
     return fn(*config)
@@ -396,6 +416,7 @@ def simulate_batch(
     cta_slots: int | None = None,
     max_ctas: int | None = None,
     chunk: int | None = None,
+    devices: Sequence | None = None,
 ) -> Result:
     """Simulate N configurations in one vmapped call (one compilation for equal static shapes).
 
@@ -411,7 +432,9 @@ def simulate_batch(
     batch's largest grid); a sweep passes its largest of each, for the same reason and so that
     every chunk's trace has the sweep's length. `chunk` runs the batch that many configurations
     at a time in one compiled call (default `default_chunk`: on the CPU, as many as keep a
-    step's arrays in cache; elsewhere all at once); results do not depend on it.
+    step's arrays in cache; elsewhere all at once) on each device. `devices` (default: every
+    local device of the default backend; on the CPU one per core, `engine/devices.py`) share the
+    batch, each running a contiguous slice of it. Results depend on neither.
     """
     n = len(archs)
     check(len(kernels) == n and len(clocks) == n, "batch", (n, len(kernels), len(clocks)),
@@ -440,10 +463,13 @@ def simulate_batch(
     extra = [_dispatch_inputs(a, c, w, al, pr) for a, c, w, al, pr in zip(archs, clocks, weights, alphas, priors)]
     extra = tuple(np.stack(col) for col in zip(*extra))
     sized = compiled_shapes(shapes)
-    with jax.enable_x64(True):
+    devices = jax.local_devices() if devices is None else list(devices)
+    check(len(devices) >= 1, "devices", devices, "at least one device")
+    with jax.enable_x64(True), jax.default_device(devices[0]):
         result = _compiled(stack([unnamed(a) for a in archs]), stack([compiled_input(k, sized) for k in kernels]),
                            stack(clocks), as_i32(warp_policy), as_i32(dispatch), as_i32(dispatch_start), *extra,
-                           dvfs_stack, shapes=sized, max_ticks=max_ticks, batched=True, chunk=chunk)
+                           dvfs_stack, shapes=sized, max_ticks=max_ticks, batched=True, chunk=chunk,
+                           mesh=mesh_of(devices))
         result = jax.device_get(result)
     _check_done(result, max_ticks)
     return _trimmed(result, shapes.max_ctas)

@@ -1,0 +1,55 @@
+"""The devices a batch runs on: its configuration axis split over them with `shard_map`.
+
+Configurations are independent, so a batch shards along its leading axis with no communication,
+and each configuration's result is the same bit for bit however the batch is split
+(`tests/test_sharding.py`). On a GPU host the devices are the GPUs. On the CPU, XLA runs one
+device's step on the host's cores together, and a step is hundreds of small kernels, so most of
+that parallelism is lost to synchronisation: one CPU device per core, each running its own share
+of the batch, simulates about 1.5x as many SM-cycles per second on 2 cores
+(benchmarks/RESULTS.md, "Session 14"). `use_host_cores` makes XLA's CPU client expose them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec
+
+from ..errors import check
+
+ENV = "JAXSCHED_CPU_DEVICES"  # CPU devices to expose (default: the cores this process may use)
+AXIS = "config"
+
+
+def use_host_cores() -> None:
+    """Expose one XLA CPU device per usable core (or `$JAXSCHED_CPU_DEVICES`), unless JAX's
+    backends already started or the user chose a count (`jax_num_cpu_devices`,
+    `--xla_force_host_platform_device_count`). JAX reads the count once, when it starts."""
+    from jax._src import xla_bridge
+
+    chosen = jax.config.jax_num_cpu_devices >= 0 or "xla_force_host_platform_device_count" in os.environ.get(
+        "XLA_FLAGS", "")
+    if chosen or xla_bridge.backends_are_initialized():
+        return
+    text = os.environ.get(ENV, "").strip()
+    if text:
+        check(text.isdigit() and int(text) >= 1, ENV, text, "a count of CPU devices, at least 1")
+        count = int(text)
+    else:
+        count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    jax.config.update("jax_num_cpu_devices", count)
+
+
+def mesh_of(devices: Sequence) -> Mesh | None:
+    """A one-axis mesh over `devices`, or None for a single device (no sharding)."""
+    return Mesh(np.asarray(list(devices)), (AXIS,)) if len(devices) > 1 else None
+
+
+def sharded(fn: Callable, mesh: Mesh) -> Callable:
+    """`fn` (batched: a leading configuration axis on every argument and output) run on each
+    device of `mesh` over its own contiguous slice of the batch."""
+    spec = PartitionSpec(AXIS)
+    return jax.shard_map(fn, mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False)
