@@ -38,23 +38,30 @@ def test_no_devices_is_refused():
         _batch(devices=[])
 
 
-def _cpu_devices(env: dict) -> str:
-    """`len(jax.devices())` after importing jaxsched in a fresh process with `env` added."""
+def _in_fresh_process(env: dict, code: str = "import jaxsched, jax; print(len(jax.devices()))") -> str:
+    """What `code` prints in a fresh process with `env` added (by default the CPU devices after
+    importing jaxsched), or its error."""
     full = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXSCHED_CPU_DEVICES")}
     full.update(JAX_PLATFORMS="cpu", **env)
-    code = "import jaxsched, jax; print(len(jax.devices()))"
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
     return proc.stdout.strip() if proc.returncode == 0 else proc.stderr
 
 
 def test_host_cores_become_cpu_devices():
-    assert _cpu_devices({}) == str(len(os.sched_getaffinity(0)))
-    assert _cpu_devices({"JAXSCHED_CPU_DEVICES": "3"}) == "3"
-    assert _cpu_devices({"XLA_FLAGS": "--xla_force_host_platform_device_count=5"}) == "5"  # the user's choice
-    assert "JAXSCHED_CPU_DEVICES = 'none': a count of CPU devices" in _cpu_devices({"JAXSCHED_CPU_DEVICES": "none"})
+    assert _in_fresh_process({}) == str(len(os.sched_getaffinity(0)))
+    assert _in_fresh_process({"JAXSCHED_CPU_DEVICES": "3"}) == "3"
+    assert _in_fresh_process({"XLA_FLAGS": "--xla_force_host_platform_device_count=5"}) == "5"  # the user's choice
+    assert "JAXSCHED_CPU_DEVICES = 'none': a count of CPU devices" in _in_fresh_process({"JAXSCHED_CPU_DEVICES": "none"})
 
 
 @pytest.mark.parametrize("chunk", [0, -1, 2.5])
 def test_bad_chunk_is_refused(chunk):
     with pytest.raises(JaxschedError, match="chunk"):
         _batch(chunk=chunk)
+
+
+def test_default_devices_respect_a_chosen_default_device():
+    code = ("import jaxsched, jax; from jaxsched.engine.devices import default_devices as d\n"
+            "with jax.default_device(jax.devices()[1]):\n    inner = d()\n"
+            "print(d() == jax.devices(), inner == [jax.devices()[1]])")
+    assert _in_fresh_process({"JAXSCHED_CPU_DEVICES": "2"}, code) == "True True"

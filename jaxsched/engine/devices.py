@@ -43,6 +43,15 @@ def use_host_cores() -> None:
     jax.config.update("jax_num_cpu_devices", count)
 
 
+def default_devices() -> list:
+    """The device of an enclosing `jax.default_device` (the caller chose one), else every local
+    device of the default backend."""
+    chosen = jax.config.jax_default_device
+    if chosen is None:
+        return jax.local_devices()
+    return [chosen] if isinstance(chosen, jax.Device) else jax.local_devices(backend=chosen)[:1]
+
+
 def mesh_of(devices: Sequence) -> Mesh | None:
     """A one-axis mesh over `devices`, or None for a single device (no sharding)."""
     return Mesh(np.asarray(list(devices)), (AXIS,)) if len(devices) > 1 else None

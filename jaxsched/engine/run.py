@@ -29,7 +29,7 @@ from ..kernel import Kernel
 from ..lower import (DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, policy_index, shapes_for,
                      validate, validate_dispatch)
 from ..workload import Workload
-from .devices import mesh_of, sharded
+from .devices import default_devices, mesh_of, sharded
 from .dispatch import variation_tables
 from .launches import Launches, make_launches, single
 from .power import domains, final_outputs
@@ -432,9 +432,10 @@ def simulate_batch(
     batch's largest grid); a sweep passes its largest of each, for the same reason and so that
     every chunk's trace has the sweep's length. `chunk` runs the batch that many configurations
     at a time in one compiled call (default `default_chunk`: on the CPU, as many as keep a
-    step's arrays in cache; elsewhere all at once) on each device. `devices` (default: every
-    local device of the default backend; on the CPU one per core, `engine/devices.py`) share the
-    batch, each running a contiguous slice of it. Results depend on neither.
+    step's arrays in cache; elsewhere all at once) on each device. `devices` (default: the one
+    device of an enclosing `jax.default_device`, else every local device of the default backend:
+    on the CPU one per core, `engine/devices.py`) share the batch, each running a contiguous
+    slice of it. Results depend on neither.
     """
     n = len(archs)
     check(len(kernels) == n and len(clocks) == n, "batch", (n, len(kernels), len(clocks)),
@@ -463,7 +464,7 @@ def simulate_batch(
     extra = [_dispatch_inputs(a, c, w, al, pr) for a, c, w, al, pr in zip(archs, clocks, weights, alphas, priors)]
     extra = tuple(np.stack(col) for col in zip(*extra))
     sized = compiled_shapes(shapes)
-    devices = jax.local_devices() if devices is None else list(devices)
+    devices = default_devices() if devices is None else list(devices)
     check(len(devices) >= 1, "devices", devices, "at least one device")
     with jax.enable_x64(True), jax.default_device(devices[0]):
         result = _compiled(stack([unnamed(a) for a in archs]), stack([compiled_input(k, sized) for k in kernels]),
