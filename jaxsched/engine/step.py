@@ -56,7 +56,13 @@ def running(run: Run, state: State, max_ticks: int) -> Array:
     return (state.ctas_done < run.launch.n_ctas) & (state.tick < max_ticks)
 
 
-_K = 8  # SMs per configuration per pass of the per-warp work after the SM cycles
+def _columns_per_pass() -> int:
+    """SMs per configuration per pass of the per-warp work after the SM cycles: 4 on the CPU,
+    where a chunk is one configuration, 8 on a GPU, where a pass is a train of kernels launched
+    from the host (benchmarks/RESULTS.md, sessions 13 and 14). Results do not depend on it."""
+    return 4 if jax.default_backend() == "cpu" else 8
+
+
 _PLACEMENTS = 2  # placements per configuration per iteration of the placement loop
 
 
@@ -120,7 +126,7 @@ def _warp_work(runs: Run, states: State, t: _Touched, old_freq: Array, shapes: S
                 columns.put(stalls, at, sub(stalls).at[:, LONG_SB:WAIT + 1].add(counted)), columns.put(took, at, tk))
 
     warps, stalls, took = columns.for_marked_sms(
-        marked, work, (states.warps, states.counters.sm_stalls, jnp.zeros_like(states.resident)), _K)
+        marked, work, (states.warps, states.counters.sm_stalls, jnp.zeros_like(states.resident)), _columns_per_pass())
     states = dataclasses.replace(states, warps=warps, counters=dataclasses.replace(states.counters, sm_stalls=stalls))
     return states, marked, took
 
