@@ -28,11 +28,9 @@ def use_host_cores() -> None:
     """Expose one XLA CPU device per usable core (or `$JAXSCHED_CPU_DEVICES`), unless JAX's
     backends already started or the user chose a count (`jax_num_cpu_devices`,
     `--xla_force_host_platform_device_count`). JAX reads the count once, when it starts."""
-    from jax._src import xla_bridge
-
     chosen = jax.config.jax_num_cpu_devices >= 0 or "xla_force_host_platform_device_count" in os.environ.get(
         "XLA_FLAGS", "")
-    if chosen or xla_bridge.backends_are_initialized():
+    if chosen:
         return
     text = os.environ.get(ENV, "").strip()
     if text:
@@ -40,7 +38,10 @@ def use_host_cores() -> None:
         count = int(text)
     else:
         count = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    jax.config.update("jax_num_cpu_devices", count)
+    try:
+        jax.config.update("jax_num_cpu_devices", count)
+    except RuntimeError:  # JAX's backends already started: it keeps the devices it has
+        pass
 
 
 def default_devices() -> list:

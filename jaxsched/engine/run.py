@@ -250,6 +250,8 @@ def _padded_batch(config: tuple, multiple: int) -> tuple[tuple, int]:
     count."""
     n = jax.tree.leaves(config)[0].shape[0]
     pad = -n % multiple
+    if pad == 0:
+        return config, n
     return jax.tree.map(lambda x: jnp.concatenate([x, jnp.repeat(x[:1], pad, axis=0)]), config), n
 
 
