@@ -5,7 +5,12 @@ Workload (issue 3): the H200 preset (132 SMs), 4 waves of 256-thread CTAs (8 CTA
 varies the per-SM clock maps (random, 1.6-1.98 GHz) and the warp policy, so every member is a
 different configuration. Compilation (ahead of time) and the run are timed separately.
 
-    python benchmarks/throughput.py --batch 256 [--reference-configs 1] [--dvfs]
+    python benchmarks/throughput.py --batch 256 [--reference-configs 3] [--rounds 3] [--dvfs]
+
+The speed-up over the plain-Python reference (`--reference-configs`) is only as good as the two
+timings are comparable, and this machine's speed drifts by 20 % over minutes. With `--rounds R`
+the engine's run and the reference's alternate R times; the JSON gives each round's rates, the
+speed-up of the summed rates and the median of the rounds' speed-ups.
 
 `--dvfs` turns on the power, thermal and clock-controller model (docs/model.md section 12) with a
 0.5 us controller period, so that several samples and clock changes fall inside each run, and a
@@ -50,6 +55,26 @@ def workload(batch: int, trips: int = 4, seed: int = 0):
     return arch, kernel, maps, policies
 
 
+def _timed(fn) -> dict:
+    """`fn()`'s value and its wall time in seconds."""
+    t0 = time.perf_counter()
+    value = fn()
+    return {"value": value, "seconds": time.perf_counter() - t0}
+
+
+def _reference_cycles(arch, kernel, maps, policies, params, round_index: int, n_configs: int) -> int:
+    """SM cycles the plain-Python reference simulates for `n_configs` of the batch's
+    configurations (the next slice each round). Its speed per SM-cycle depends on the warp
+    policy, which cycles with the configuration index: 3 configurations per round cover the
+    batch's mix."""
+    total = 0
+    for j in range(n_configs):
+        i = (round_index * n_configs + j) % len(maps)
+        r = reference.simulate(arch, kernel, maps[i], warp_policy=int(policies[i]), dvfs=params)
+        total += int(np.sum(r["sm_cycles"]))
+    return total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batch", type=int, default=256)
@@ -59,7 +84,10 @@ def main() -> None:
                         help="devices sharing the batch (default: all local ones, as simulate_batch)")
     parser.add_argument("--chunk", type=int, default=0, help="configurations per chunk (default: default_chunk)")
     parser.add_argument("--reference-configs", type=int, default=0,
-                        help="also time the plain-Python reference on this many configurations")
+                        help="also time the plain-Python reference on this many configurations per round")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="repeat the engine run (and the reference's) this many times, alternating, so that "
+                             "the speed-up compares runs minutes apart at most: the machine's speed drifts")
     args = parser.parse_args()
     arch, kernel, maps, policies = workload(args.batch, args.trips)
     n = args.batch
@@ -78,10 +106,17 @@ def main() -> None:
         compiled = _compiled.lower(*inputs, shapes=shapes, max_ticks=MAX_TICKS,
                                    batched=True, chunk=chunk, mesh=mesh_of(devices)).compile()
         compile_seconds = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        result = jax.device_get(compiled(*inputs))
-        run_seconds = time.perf_counter() - t0
+        engine_runs = []
+        for r in range(args.rounds):
+            engine_runs.append(_timed(lambda: jax.device_get(compiled(*inputs))))
+            if args.reference_configs:
+                engine_runs[-1]["reference"] = _timed(lambda: _reference_cycles(
+                    arch, kernel, maps, policies, params if args.dvfs else None, r, args.reference_configs))
+    result = engine_runs[0]["value"]
+    if any(not np.array_equal(e["value"].makespan_ticks, result.makespan_ticks) for e in engine_runs):
+        raise SystemExit("the engine's rounds differ: results must be deterministic")
     sm_cycles = float(np.sum(result.sm_cycles))
+    run_seconds = sum(e["seconds"] for e in engine_runs)
     out = {
         "device": str(jax.devices()[0].device_kind),
         "platform": jax.default_backend(),
@@ -95,20 +130,19 @@ def main() -> None:
         "mean_makespan_ns": float(np.mean(result.makespan_ns)),
         "mean_makespan_ticks": float(np.mean(result.makespan_ticks)),
         "simulated_sm_cycles": sm_cycles,
-        "run_seconds": round(run_seconds, 3),
+        "rounds": args.rounds,
+        "run_seconds": round(run_seconds / args.rounds, 3),  # per round
         "compile_seconds": round(compile_seconds, 3),
-        "sm_cycles_per_second": sm_cycles / run_seconds,
+        "sm_cycles_per_second": sm_cycles * args.rounds / run_seconds,
     }
     if args.reference_configs:
-        t0 = time.perf_counter()
-        ref_cycles = 0
-        for i in range(args.reference_configs):
-            r = reference.simulate(arch, kernel, maps[i], warp_policy=int(policies[i]),
-                                   dvfs=params if args.dvfs else None)
-            ref_cycles += int(np.sum(r["sm_cycles"]))
-        ref_seconds = time.perf_counter() - t0
-        out["reference_sm_cycles_per_second"] = ref_cycles / ref_seconds
+        rates = [(sm_cycles / e["seconds"], e["reference"]["value"] / e["reference"]["seconds"]) for e in engine_runs]
+        out["per_round"] = [{"sm_cycles_per_second": a, "reference_sm_cycles_per_second": b, "speedup": a / b}
+                            for a, b in rates]
+        ref_seconds = sum(e["reference"]["seconds"] for e in engine_runs)
+        out["reference_sm_cycles_per_second"] = sum(e["reference"]["value"] for e in engine_runs) / ref_seconds
         out["speedup_vs_reference"] = out["sm_cycles_per_second"] / out["reference_sm_cycles_per_second"]
+        out["speedup_median_of_rounds"] = float(np.median([a / b for a, b in rates]))
     print(json.dumps(out, indent=2))
 
 
