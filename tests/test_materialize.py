@@ -33,3 +33,17 @@ def test_once_returns_its_values_under_vmap():
     out = jax.jit(jax.vmap(lambda ai: once({"double": 2 * ai, "neg": -ai}, jnp.minimum(ai[0] + 1, 1))))(a)
     np.testing.assert_array_equal(out["double"], 2 * a)
     np.testing.assert_array_equal(out["neg"], -a)
+
+
+def test_once_materialises_through_a_conditional_on_the_cpu():
+    """With an unbatched `one` the compiled program keeps the conditional whose outputs are
+    the materialised values (a batched one would make it a select: the same values, recomputed
+    in every consumer)."""
+    a = jnp.arange(8, dtype=jnp.int32).reshape(2, 4)
+
+    def f(x, n):
+        one = jnp.minimum(n, 1)
+        return jax.vmap(lambda xi: once({"double": 2 * xi}, one)["double"] + xi)(x)
+
+    np.testing.assert_array_equal(jax.jit(f)(a, 5), 3 * a)
+    assert " conditional(" in jax.jit(f).lower(a, 5).compile().as_text()

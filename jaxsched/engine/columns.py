@@ -34,6 +34,14 @@ def put(x: Array, cols: Int[Array, "batch k"], values: Array) -> Array:
     return jax.vmap(one)(x, cols, values)
 
 
+def _first_marked(marked: Bool[Array, "batch sm"], k: int) -> Int[Array, "batch k"]:
+    """The indices of each configuration's first `k` marked SMs, the SM count past its last:
+    the i-th is the number of SMs with fewer than i + 1 marked up to and including them. (As
+    `jnp.nonzero(size=k)`, which scatters: a kernel of its own on the CPU, session 15.)"""
+    seen = jnp.cumsum(marked, axis=-1, dtype=jnp.int32)
+    return jnp.stack([jnp.sum(seen <= i, axis=-1, dtype=jnp.int32) for i in range(k)], axis=-1)
+
+
 def for_marked_sms(marked: Bool[Array, "batch sm"], fn: Callable[[Int[Array, "batch k"], T], T], carry: T,
                    k: int) -> T:
     """`carry = fn(cols, carry)` for the marked SMs, `k` of each configuration per call (`cols`
@@ -43,7 +51,8 @@ def for_marked_sms(marked: Bool[Array, "batch sm"], fn: Callable[[Int[Array, "ba
 
     def body(c: tuple) -> tuple:
         left, value = c
-        cols = jax.vmap(lambda m: jnp.nonzero(m, size=k, fill_value=n_sm)[0].astype(jnp.int32))(left)
-        return put(left, cols, jnp.zeros(cols.shape, bool)), fn(cols, value)
+        cols = _first_marked(left, k)
+        taken = jnp.any(cols[:, :, None] == jnp.arange(n_sm, dtype=jnp.int32), axis=1)
+        return left & ~taken, fn(cols, value)
 
     return jax.lax.while_loop(lambda c: jnp.any(c[0]), body, (marked, carry))[1]

@@ -198,16 +198,20 @@ def _place_one(
     hold = _hold_for_better_slots(slots, launch, launching_tick, est, sm, tick, launches.n_ctas[head] - local)
     j = jnp.argmax(takes[:, sm]).astype(jnp.int32)  # lowest free slot that can take it
     n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled, dtype=jnp.int32), 1)
+    # Masks rather than `.at[j, sm]` updates: vmapped, a scalar update is a scatter, which the
+    # CPU runs as a kernel of its own; a select fuses with its neighbours (session 15).
+    at_s = (jnp.arange(slots.resident.shape[0]) == sm).astype(jnp.int32)
+    at_js = (jnp.arange(slots.cta_id.shape[0])[:, None] == j) & (at_s[None] > 0)
     placed = Slots(
-        cta_id=slots.cta_id.at[j, sm].set(launches.cta_base[head] + local),
-        cta_launch=slots.cta_launch.at[j, sm].set(head),
-        resident=slots.resident.at[sm].add(1),
-        live_warps=slots.live_warps.at[sm].add(launch.warps_per_cta),
-        start=slots.start.at[j, sm].set(tick),
-        next_cta=slots.next_cta.at[head].add(1),
+        cta_id=jnp.where(at_js, launches.cta_base[head] + local, slots.cta_id),
+        cta_launch=jnp.where(at_js, head, slots.cta_launch),
+        resident=slots.resident + at_s,
+        live_warps=slots.live_warps + at_s * launch.warps_per_cta,
+        start=jnp.where(at_js, tick, slots.start),
+        next_cta=slots.next_cta + (jnp.arange(slots.next_cta.shape[0]) == head),
         rr_pointer=jnp.where(launch.dispatch_policy == ROUND_ROBIN,
                              (launch.dispatch_rank[sm] + 1) % n_enabled, slots.rr_pointer),
-        credit=slots.credit.at[sm].add(jnp.where(fresh[j, sm], 0, -launch.launch_idle_cycles)),
+        credit=slots.credit + at_s * jnp.where(fresh[j, sm], 0, -launch.launch_idle_cycles),
         hold=jnp.bool_(False),
     )
     return jax.tree.map(lambda h, p: jnp.where(hold, h, p), slots._replace(hold=jnp.bool_(True)), placed)

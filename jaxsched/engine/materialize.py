@@ -8,8 +8,9 @@ still needs its trip, so a step where none does costs only the test (`when`).
 XLA fuses an elementwise producer into each consumer, and a consumer that broadcasts it (a
 per-scheduler value read by the 16 warp slots of its scheduler) recomputes the producer's whole
 expression per slot. `jax.lax.optimization_barrier` does not stop this: XLA expands it before
-fusion. Values that leave a loop are materialised, so `once` computes through a one-trip loop
-whose trip count XLA cannot prove (benchmarks/RESULTS.md, "Where the time goes").
+fusion. Values that leave a loop or a conditional are materialised, so `once` returns them from
+a conditional whose predicate XLA cannot prove (benchmarks/RESULTS.md, "Where the time goes";
+a one-trip loop did the same at a few per cent more, session 15).
 
 Both tools pay on the CPU only. On a GPU the loops' carry copies cost more than they save: in
 the large batches a GPU runs, some configuration nearly always needs `when`'s work, and the
@@ -52,13 +53,12 @@ def when(pred: Bool[Array, ""], fn: Callable[..., T], x: T, *args) -> T:
 
 def once(values: T, one: Int[Array, ""]) -> T:
     """`values`, materialised (see the module docstring). `one` must be a traced int32 equal to
-    1: the caller's proof that the loop makes its one trip, which XLA cannot see. Off the CPU
-    `values` are returned as they are (module docstring)."""
+    1, the caller's proof that the conditional takes its first branch, which XLA cannot see. It
+    must not vary over an enclosing `vmap` (the step computes it from the whole batch): a batched
+    predicate turns the conditional into a select, which gives the same values unmaterialised.
+    Off the CPU `values` are returned as they are (module docstring)."""
     if not _loops_pay():
         return values
 
-    def body(carry: tuple[Array, T]) -> tuple[Array, T]:
-        return carry[0] + 1, values
-
     empty = jax.tree.map(lambda v: jnp.zeros(v.shape, v.dtype), values)
-    return jax.lax.while_loop(lambda carry: carry[0] < one, body, (jnp.int32(0), empty))[1]
+    return jax.lax.cond(one == 1, lambda: values, lambda: empty)

@@ -27,7 +27,7 @@ from .grid_barrier import grid_barrier
 from .intervals import Clock, cta_warps, reclock, release
 from .launches import Launches, initial_ready
 from .power import Domains, dvfs_step, initial_dvfs
-from .state import NO_WARP, State, Warps, initial_state
+from .state import NO_WARP, STALL_REASONS, State, Warps, initial_state
 from .status import LONG_SB, WAIT
 
 
@@ -108,6 +108,12 @@ def _columns_work(run: Run, before: State, w: Warps, clock: Clock, freq: Array, 
     return w, counted, took
 
 
+def _as_stall_rows(counted: Int[Array, "batch 3 k"]) -> Int[Array, "batch reason k"]:
+    """(long, short, wait) cycles as rows of the stall table, zero elsewhere."""
+    zeros = jnp.zeros(counted.shape[:1] + (len(STALL_REASONS),) + counted.shape[2:], jnp.int64)
+    return jnp.concatenate([zeros[:, :LONG_SB], counted.astype(jnp.int64), zeros[:, WAIT + 1:]], axis=1)
+
+
 def _warp_work(runs: Run, states: State, t: _Touched, old_freq: Array, shapes: Shapes) -> tuple[State, Array, Array]:
     """`_columns_work` on every SM that needs it (`columns.for_marked_sms`), `states` being the
     state before the placements' commit. Returns the state, the SMs touched (their next cycle is
@@ -123,7 +129,7 @@ def _warp_work(runs: Run, states: State, t: _Touched, old_freq: Array, shapes: S
         w, counted, tk = jax.vmap(lambda *a: _columns_work(*a, shapes))(
             runs, states, jax.tree.map(sub, warps), clock, sub(states.freq), cols)
         return (jax.tree.map(lambda x, y: columns.put(x, at, y), warps, w),
-                columns.put(stalls, at, sub(stalls).at[:, LONG_SB:WAIT + 1].add(counted)), columns.put(took, at, tk))
+                columns.put(stalls, at, sub(stalls) + _as_stall_rows(counted)), columns.put(took, at, tk))
 
     warps, stalls, took = columns.for_marked_sms(
         marked, work, (states.warps, states.counters.sm_stalls, jnp.zeros_like(states.resident)), _columns_per_pass())
