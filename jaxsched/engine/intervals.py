@@ -26,8 +26,8 @@ def _dep(w: Warps, launches: Launches, shapes: Shapes) -> Bool[Array, "warp sm"]
 
 class Clock(NamedTuple):
     """Where every SM's clock stands after a tick: its cycles executed, phase accumulator and
-    frequency (docs/model.md section 2), and the tick. `materialize.when` needs these as
-    arguments: what its function computes from them is then not hoisted out of its loop."""
+    frequency (docs/model.md section 2), and the tick: what the per-warp work after a tick's
+    cycles reads of the clocks (`step._columns_work`, on some SMs' columns)."""
 
     tick: Int[Array, ""]
     cycle: Int[Array, " sm"]
