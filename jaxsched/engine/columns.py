@@ -34,12 +34,15 @@ def put(x: Array, cols: Int[Array, "batch k"], values: Array) -> Array:
     return jax.vmap(one)(x, cols, values)
 
 
-def _first_marked(marked: Bool[Array, "batch sm"], k: int) -> Int[Array, "batch k"]:
-    """The indices of each configuration's first `k` marked SMs, the SM count past its last:
-    the i-th is the number of SMs with fewer than i + 1 marked up to and including them. (As
-    `jnp.nonzero(size=k)`, which scatters: a kernel of its own on the CPU, session 15.)"""
+def _first_marked(marked: Bool[Array, "batch sm"], k: int
+                  ) -> tuple[Int[Array, "batch k"], Bool[Array, "batch sm"]]:
+    """The indices of each configuration's first `k` marked SMs (the SM count past its last),
+    and the marks left after them. The i-th is the number of SMs with at most i marked up to
+    and including them. (As `jnp.nonzero(size=k)`, which scatters: a kernel of its own on the
+    CPU, session 15.)"""
     seen = jnp.cumsum(marked, axis=-1, dtype=jnp.int32)
-    return jnp.stack([jnp.sum(seen <= i, axis=-1, dtype=jnp.int32) for i in range(k)], axis=-1)
+    cols = jnp.stack([jnp.sum(seen <= i, axis=-1, dtype=jnp.int32) for i in range(k)], axis=-1)
+    return cols, marked & (seen > k)
 
 
 def for_marked_sms(marked: Bool[Array, "batch sm"], fn: Callable[[Int[Array, "batch k"], T], T], carry: T,
@@ -47,12 +50,9 @@ def for_marked_sms(marked: Bool[Array, "batch sm"], fn: Callable[[Int[Array, "ba
     """`carry = fn(cols, carry)` for the marked SMs, `k` of each configuration per call (`cols`
     [batch, k]: their indices, the SM count where a configuration has fewer left), until none
     is left."""
-    n_sm = marked.shape[-1]
-
     def body(c: tuple) -> tuple:
         left, value = c
-        cols = _first_marked(left, k)
-        taken = jnp.any(cols[:, :, None] == jnp.arange(n_sm, dtype=jnp.int32), axis=1)
-        return left & ~taken, fn(cols, value)
+        cols, left = _first_marked(left, k)
+        return left, fn(cols, value)
 
     return jax.lax.while_loop(lambda c: jnp.any(c[0]), body, (marked, carry))[1]

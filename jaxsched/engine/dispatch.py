@@ -200,12 +200,12 @@ def _place_one(
     n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled, dtype=jnp.int32), 1)
     # Masks rather than `.at[j, sm]` updates: vmapped, a scalar update is a scatter, which the
     # CPU runs as a kernel of its own; a select fuses with its neighbours (session 15).
-    at_s = (jnp.arange(slots.resident.shape[0]) == sm).astype(jnp.int32)
-    at_js = (jnp.arange(slots.cta_id.shape[0])[:, None] == j) & (at_s[None] > 0)
+    at_s = jnp.arange(slots.resident.shape[0]) == sm
+    at_js = (jnp.arange(slots.cta_id.shape[0])[:, None] == j) & at_s
     placed = Slots(
         cta_id=jnp.where(at_js, launches.cta_base[head] + local, slots.cta_id),
         cta_launch=jnp.where(at_js, head, slots.cta_launch),
-        resident=slots.resident + at_s,
+        resident=slots.resident + at_s.astype(jnp.int32),
         live_warps=slots.live_warps + at_s * launch.warps_per_cta,
         start=jnp.where(at_js, tick, slots.start),
         next_cta=slots.next_cta + (jnp.arange(slots.next_cta.shape[0]) == head),

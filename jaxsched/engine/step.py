@@ -110,8 +110,7 @@ def _columns_work(run: Run, before: State, w: Warps, clock: Clock, freq: Array, 
 
 def _as_stall_rows(counted: Int[Array, "batch 3 k"]) -> Int[Array, "batch reason k"]:
     """(long, short, wait) cycles as rows of the stall table, zero elsewhere."""
-    zeros = jnp.zeros(counted.shape[:1] + (len(STALL_REASONS),) + counted.shape[2:], jnp.int64)
-    return jnp.concatenate([zeros[:, :LONG_SB], counted.astype(jnp.int64), zeros[:, WAIT + 1:]], axis=1)
+    return jnp.pad(counted.astype(jnp.int64), ((0, 0), (LONG_SB, len(STALL_REASONS) - WAIT - 1), (0, 0)))
 
 
 def _warp_work(runs: Run, states: State, t: _Touched, old_freq: Array, shapes: Shapes) -> tuple[State, Array, Array]:
