@@ -3,6 +3,7 @@ Python reference exactly, on random chips, kernels, clock maps and policies."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -96,3 +97,27 @@ def test_batch_equals_single(cfgs: list[dict]) -> None:
     refs = [ref for _, ref in good] + [good[0][1]] * (_BATCH - len(good))
     for i, ref in enumerate(refs):
         assert_same(batch, ref, index=i)
+
+
+@pytest.fixture
+def scatter_write_back(monkeypatch):
+    """The GPU's write-back of the issuing warps (`cycle._write_back` by scatter) on this CPU. A
+    compiled engine keeps the path it was traced with, so the jit caches are cleared on the way
+    in and out."""
+    from jaxsched.engine import cycle
+
+    jax.clear_caches()
+    monkeypatch.setattr(cycle, "_scatter_pays", lambda: True)
+    yield
+    jax.clear_caches()
+
+
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # set once for all
+@given(cfg=configurations())
+def test_scatter_write_back_equals_reference(scatter_write_back, cfg: dict) -> None:
+    """The write-back the engine uses off the CPU gives the reference's results too, so a CPU
+    run of the suite checks the GPU's path (the H200 runs it; benchmarks/RESULTS.md, session 16)."""
+    result, ref = _run_pair(cfg)
+    if ref is not None:
+        assert_same(result, ref)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
@@ -18,7 +19,7 @@ from ..lower import QUEUE_ONE_TICK, Launch, Shapes
 from .launch_credit import collect, has_free_slot
 from .launches import Launches, instruction_fields, op_and_dep, per_launch_sum, update_ready, warp_program
 from .materialize import once
-from .state import INF, N_PIPES, NO_WARP, State
+from .state import INF, N_PIPES, NO_WARP, State, Warps
 from .slots import by_scheduler, cta_slot_of, per_warp, q_index
 from .status import blocked_split, interval_cycles, mem_cycle, one_of_class, op_class, ready_counts, scan, stall_rows, throttled
 from .variation import resolve_pc
@@ -70,6 +71,32 @@ def _per_cta(x: Int[Array, "sched sm"], cta_of_sel: Int[Array, "sched sm"], shap
     """Sum of a per-scheduler count over the CTA slots its selected warps belong to."""
     hit = cta_of_sel[None] == jnp.arange(shapes.cta_slots, dtype=jnp.int32)[:, None, None]
     return jnp.sum(jnp.where(hit, x[None], 0), axis=1, dtype=jnp.int32)
+
+
+_FIELDS = dict(pc="pc", trips="trips_left", fixed="ready_fixed", short="ready_mio", mem="ready_mem",
+               fetch="ready_fetch", wake="wake", cls="issue_class")  # write-back value -> Warps field
+
+
+def _scatter_pays() -> bool:
+    """Whether the issuing warps' fields are written back by a scatter (off the CPU) or by a
+    select over every slot (on the CPU, where XLA runs each scatter as a kernel of its own that
+    costs as much as the select: benchmarks/RESULTS.md, sessions 12 and 16)."""
+    return jax.default_backend() != "cpu"
+
+
+def _write_back(w: Warps, upd: dict[str, Int[Array, "sched sm"]], sel: Bool[Array, "warp sm"],
+                has: Bool[Array, "sched sm"], q_sel: Int[Array, "sched sm"], shapes: Shapes) -> Warps:
+    """The warps with each scheduler's issuing warp's fields set to `upd` (per scheduler). A
+    scatter writes the 4 slots per SM that issued; a select rewrites every slot. Both give the
+    same warps (`_scatter_pays` picks the faster on the backend)."""
+    if not _scatter_pays():
+        return replace(w, **{f: jnp.where(sel, per_warp(upd[k], shapes), getattr(w, f)) for k, f in _FIELDS.items()})
+    pos = jnp.where(has, jnp.arange(shapes.schedulers, dtype=jnp.int32)[:, None] * shapes.warps_per_scheduler + q_sel,
+                    shapes.warp_slots)  # out of range: dropped
+    sm = jnp.broadcast_to(jnp.arange(pos.shape[1], dtype=jnp.int32), pos.shape)
+    return replace(w, **{f: getattr(w, f).at[pos, sm].set(upd[k].astype(getattr(w, f).dtype), mode="drop",
+                                                          unique_indices=True)
+                         for k, f in _FIELDS.items()})
 
 
 def _count_ops(sel_op: Int[Array, "sched sm"], has: Bool[Array, "sched sm"]) -> Int[Array, "op sm"]:
@@ -214,18 +241,7 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches,
         pc=jnp.where(exits, NO_WARP, next_pc), trips=trips_left_s, fixed=ready_fixed, short=ready_mio,
         mem=ready_mem, fetch=ready_fetch, wake=wake, cls=op_class(op_next), pipe_free64=pipe_free64, mio=mio), one)
     pipe_free64, mio = upd.pop("pipe_free64"), upd.pop("mio")
-    u = {name: per_warp(x, shapes) for name, x in upd.items()}
-    warps = replace(
-        w,
-        pc=jnp.where(sel, u["pc"], w.pc),
-        trips_left=jnp.where(sel, u["trips"], w.trips_left),
-        ready_fixed=jnp.where(sel, u["fixed"], w.ready_fixed),
-        ready_mio=jnp.where(sel, u["short"], w.ready_mio),
-        ready_mem=jnp.where(sel, u["mem"], w.ready_mem),
-        ready_fetch=jnp.where(sel, u["fetch"], w.ready_fetch),
-        wake=jnp.where(sel, u["wake"], w.wake),
-        issue_class=jnp.where(sel, u["cls"], w.issue_class),
-    )
+    warps = _write_back(w, upd, sel, has, q_sel, shapes)
 
     # Counters use the start-of-cycle state; 'selected' for the issuing warps.
     in_if = (pc_s >= prog.branch_start) & (pc_s < prog.branch_mid)
