@@ -13,7 +13,7 @@ import pytest
 from helpers import hand_h200, small_arch
 
 import jaxsched as js
-from jaxsched import clocks
+from jaxsched import clocks, reference
 
 GRID = 4
 PAD = 8
@@ -92,6 +92,21 @@ def test_taken_branch_delays_each_trip(taken_branch, dep, persistent):
     assert int(np.sum(r.sm_stalls[:, WAIT])) == GRID * (trips - 1) * (per_trip - 1)
     if persistent:
         assert int(np.sum(r.sm_items)) == GRID * trips
+
+
+@pytest.mark.parametrize("taken_branch", [0, 20])
+def test_a_barrier_at_the_back_edge_releases_into_the_refetch(taken_branch):
+    """The loop ends in a `bar`: its issue takes the back-edge and the warp waits at the barrier.
+    One warp per CTA, so the barrier releases in the same tick; the released warp's next trip
+    still waits for the refetch the branch began (its `ready_fetch` outlives the issue that set
+    it). Per trip: the FMA, the BAR one cycle later, the next FMA max(1, taken_branch_cycles)
+    after the BAR; the last BAR falls through to the EXIT. The engine and the reference agree."""
+    trips = 12
+    arch, kernel = _arch(TWO_SMS, taken_branch=taken_branch), _kernel(f"loop {trips}\n fma\n bar\nend", threads=32)
+    per_trip = 1 + max(1, taken_branch)
+    expected = 1 + (trips - 1) * per_trip + 3  # FMA at 1, ..., last BAR, EXIT a cycle later
+    assert int(js.simulate(arch, kernel).makespan_ticks) == expected
+    assert int(reference.simulate(arch, kernel, clocks.uniform(arch))["makespan_ticks"]) == expected
 
 
 # --- launch credit ---------------------------------------------------------------------------
