@@ -9,9 +9,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from jaxsched import reference
+from jaxsched import clocks, reference
 from jaxsched.engine.run import simulate_batch
 from jaxsched.errors import JaxschedError
+from jaxsched.kernel import make_kernel
 
 from helpers import MAX_GRID, configurations, simulate_padded
 
@@ -100,14 +101,14 @@ def test_batch_equals_single(cfgs: list[dict]) -> None:
 
 
 @pytest.fixture
-def scatter_write_back(monkeypatch):
-    """The GPU's write-back of the issuing warps (`cycle._write_back` by scatter) on this CPU. A
-    compiled engine keeps the path it was traced with, so the jit caches are cleared on the way
-    in and out."""
+def gpu_forms(monkeypatch):
+    """The forms the step uses off the CPU (`cycle._gpu_forms`: the issuing warps' write-back by
+    scatter, the chained minimum) on this CPU. A compiled engine keeps the forms it was traced
+    with, so the jit caches are cleared on the way in and out."""
     from jaxsched.engine import cycle
 
     jax.clear_caches()
-    monkeypatch.setattr(cycle, "_scatter_pays", lambda: True)
+    monkeypatch.setattr(cycle, "_gpu_forms", lambda: True)
     yield
     jax.clear_caches()
 
@@ -115,9 +116,29 @@ def scatter_write_back(monkeypatch):
 @settings(max_examples=20, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # set once for all
 @given(cfg=configurations())
-def test_scatter_write_back_equals_reference(scatter_write_back, cfg: dict) -> None:
-    """The write-back the engine uses off the CPU gives the reference's results too, so a CPU
-    run of the suite checks the GPU's path (the H200 runs it; benchmarks/RESULTS.md, session 16)."""
+def test_gpu_forms_equal_reference(gpu_forms, cfg: dict) -> None:
+    """The forms the engine uses off the CPU give the reference's results too, so a CPU run of
+    the suite checks the GPU's path (the H200 runs it; benchmarks/RESULTS.md, session 16)."""
     result, ref = _run_pair(cfg)
     if ref is not None:
         assert_same(result, ref)
+
+
+@pytest.mark.parametrize("warp_policy", ["lrr", "gto", "oldest"])
+def test_gpu_forms_equal_reference_with_every_warp_slot_full(gpu_forms, warp_policy: str) -> None:
+    """Two 1024-thread CTAs per SM fill all 64 warp slots, so every scheduler chooses among 16
+    warps: the drawn configurations above rarely fill the last slots of a scheduler. A tick
+    limit turns a warp that is never chosen into a failure, not a hang."""
+    from helpers import small_arch
+
+    from jaxsched.lower import WARP_POLICIES
+
+    arch = small_arch(1)
+    kernel = make_kernel("loop 6 cta_spread=2\n ldg bytes=128\n fma dep\n fma\nend\n", grid=8, threads=1024)
+    freq = clocks.from_array(arch, np.linspace(1600, 1980, arch.n_sm_slots))
+    ref = reference.simulate(arch, kernel, freq, warp_policy=warp_policy)
+    assert np.max(ref["sm_warp_cycles"]) > 32 * np.max(ref["sm_busy_cycles"])  # mostly full
+    batch = simulate_batch([arch], [kernel], [freq], [WARP_POLICIES.index(warp_policy)], [0], [0],
+                           max_ticks=4 * int(ref["makespan_ticks"]))
+    assert bool(batch.completed[0])
+    assert_same(batch, ref, index=0)

@@ -7,6 +7,7 @@ DRAM queues) become exclusive prefix sums, which is what the sequential order de
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -40,7 +41,12 @@ def select(
     """Each scheduler picks at most one eligible warp by the warp policy (minimum key). Keys are
     unique per scheduler (LRR's by q, ages by CTA and warp), so the minimum of `key << 5 | q`
     (q < 32) names the warp: one plain minimum over the scheduler's warps, in int32 where every
-    age `32 g + w` fits in 26 bits (grids up to 2^21 CTAs), else int64."""
+    age `32 g + w` fits in 26 bits (grids up to 2^21 CTAs), else int64.
+
+    Off the CPU (`_gpu_forms`) the minimum over a scheduler's warps is a chain of elementwise
+    minima: the H200 ran the reduction over this middle axis as a loop kernel at a fifth of its
+    memory bandwidth, and the chain made the whole run 12 % faster (benchmarks/RESULTS.md,
+    session 16)."""
     n_q = shapes.warps_per_scheduler
     q = q_index(shapes)[:, None]
     last = per_warp(state.last, shapes)
@@ -52,8 +58,8 @@ def select(
     candidate = eligible & edge
     wide = jnp.int64 if shapes.max_ctas > 1 << 21 else jnp.int32
     never = jnp.iinfo(wide).max
-    packed = jnp.where(candidate, (key.astype(wide) << 5) | q, never)
-    best = jnp.min(by_scheduler(packed, shapes), axis=1)
+    by_q = by_scheduler(jnp.where(candidate, (key.astype(wide) << 5) | q, never), shapes)
+    best = functools.reduce(jnp.minimum, [by_q[:, i] for i in range(n_q)]) if _gpu_forms() else jnp.min(by_q, axis=1)
     has = best < never
     q_sel = (best & 31).astype(jnp.int32)
     sel = (q == per_warp(q_sel, shapes)) & per_warp(has, shapes)
@@ -73,23 +79,26 @@ def _per_cta(x: Int[Array, "sched sm"], cta_of_sel: Int[Array, "sched sm"], shap
     return jnp.sum(jnp.where(hit, x[None], 0), axis=1, dtype=jnp.int32)
 
 
+def _gpu_forms() -> bool:
+    """Whether the step uses the forms XLA's GPU backend runs faster, off the CPU: the issuing
+    warps' fields written back by a scatter (4 slots per SM) rather than a select over every
+    slot, and each scheduler's minimum key as a chain of elementwise minima rather than a
+    reduction. On the CPU each scatter is a kernel of its own that costs as much as the select,
+    and the chain, fused into each of its consumers, is recomputed there: the whole run took 2.3x
+    as long (benchmarks/RESULTS.md, sessions 12 and 16). Results do not depend on it."""
+    return jax.default_backend() != "cpu"
+
+
 _FIELDS = dict(pc="pc", trips="trips_left", fixed="ready_fixed", short="ready_mio", mem="ready_mem",
                fetch="ready_fetch", wake="wake", cls="issue_class")  # write-back value -> Warps field
-
-
-def _scatter_pays() -> bool:
-    """Whether the issuing warps' fields are written back by a scatter (off the CPU) or by a
-    select over every slot (on the CPU, where XLA runs each scatter as a kernel of its own that
-    costs as much as the select: benchmarks/RESULTS.md, sessions 12 and 16)."""
-    return jax.default_backend() != "cpu"
 
 
 def _write_back(w: Warps, upd: dict[str, Int[Array, "sched sm"]], sel: Bool[Array, "warp sm"],
                 has: Bool[Array, "sched sm"], q_sel: Int[Array, "sched sm"], shapes: Shapes) -> Warps:
     """The warps with each scheduler's issuing warp's fields set to `upd` (per scheduler). A
     scatter writes the 4 slots per SM that issued; a select rewrites every slot. Both give the
-    same warps (`_scatter_pays` picks the faster on the backend)."""
-    if not _scatter_pays():
+    same warps (`_gpu_forms` picks the faster on the backend)."""
+    if not _gpu_forms():
         return replace(w, **{f: jnp.where(sel, per_warp(upd[k], shapes), getattr(w, f)) for k, f in _FIELDS.items()})
     pos = jnp.where(has, jnp.arange(shapes.schedulers, dtype=jnp.int32)[:, None] * shapes.warps_per_scheduler + q_sel,
                     shapes.warp_slots)  # out of range: dropped
