@@ -62,20 +62,31 @@ def _fusion_body(hlo: str, name: str) -> tuple[str, str] | None:
     return call.group(1), body.group(0) if body else call.group(0)
 
 
-def kernel_times_us(trace_dir: str) -> tuple[collections.Counter, collections.Counter]:
+def kernel_times_us(trace_dir: str) -> tuple[collections.Counter, collections.Counter, float | None]:
     """Total microseconds and executions per kernel (fusion, gather, ...) name in the profiler's
-    trace. A loop's own entry (`while`) is its host-side total, inner kernels included."""
+    trace, and on a GPU the share of the traced window in which the device ran a kernel.
+
+    On a GPU only the device's own kernel events count: the host's entries (a `while` thunk's
+    span includes its wait for every kernel queued before it) would count the same time twice
+    (session 16). On the CPU the kernels are the host's events; a loop's own entry (`while`) is
+    its total, inner kernels included."""
     path = max(glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True))
-    total: collections.Counter = collections.Counter()
-    count: collections.Counter = collections.Counter()
     with gzip.open(path) as stream:
         events = json.load(stream)["traceEvents"]
-    for event in events:
-        name = event.get("name", "")
-        if event.get("ph") == "X" and "Thunk" not in name and not name.startswith("$"):
-            total[name] += event.get("dur", 0)
-            count[name] += 1
-    return total, count
+    devices = {e["pid"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"
+               and "/device:" in e["args"]["name"]}
+    kernels = [e for e in events if e.get("ph") == "X" and (not devices or e["pid"] in devices)
+               and "Thunk" not in e.get("name", "") and not e.get("name", "").startswith("$")]
+    total: collections.Counter = collections.Counter()
+    count: collections.Counter = collections.Counter()
+    for event in kernels:
+        total[event["name"]] += event.get("dur", 0)
+        count[event["name"]] += 1
+    busy = None
+    if devices and kernels:
+        window = max(e["ts"] + e.get("dur", 0) for e in kernels) - min(e["ts"] for e in kernels)
+        busy = round(100 * sum(e.get("dur", 0) for e in kernels) / max(window, 1), 1)
+    return total, count, busy
 
 
 def attribute(hlo: str, times_us: collections.Counter, counts: collections.Counter, top: int) -> dict:
@@ -137,13 +148,13 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as trace_dir:
             with jax.profiler.trace(trace_dir):
                 jax.block_until_ready(run(runs, begin))
-            times, counts = kernel_times_us(trace_dir)
+            times, counts, busy = kernel_times_us(trace_dir)
     if args.hlo:
         with open(args.hlo, "w") as stream:
             stream.write(hlo)
     out = {"device": str(jax.devices()[0].device_kind), "batch": args.batch, "ticks": [args.from_ticks, args.ticks],
            "dvfs_step": args.dvfs, "steps": steps, "run_wall_s": round(wall, 3), "run_cpu_s": round(cpu, 3),
-           "ms_per_step": round(wall / max(steps, 1) * 1e3, 3)}
+           "ms_per_step": round(wall / max(steps, 1) * 1e3, 3), "device_busy_percent": busy}
     print(json.dumps({**out, **attribute(hlo, times, counts, args.top)}, indent=1))
 
 
