@@ -13,8 +13,9 @@ from jaxsched import clocks, reference
 from jaxsched.engine.run import simulate_batch
 from jaxsched.errors import JaxschedError
 from jaxsched.kernel import make_kernel
+from jaxsched.lower import WARP_POLICIES
 
-from helpers import MAX_GRID, configurations, simulate_padded
+from helpers import MAX_GRID, configurations, simulate_padded, small_arch
 
 INT_KEYS = ("sm_cycles", "sm_busy_cycles", "sm_issued", "sm_issued_op", "sm_active_lanes", "sm_warp_cycles",
             "sm_stalls", "sm_ctas")
@@ -129,10 +130,6 @@ def test_gpu_forms_equal_reference_with_every_warp_slot_full(gpu_forms, warp_pol
     """Two 1024-thread CTAs per SM fill all 64 warp slots, so every scheduler chooses among 16
     warps: the drawn configurations above rarely fill the last slots of a scheduler. A tick
     limit turns a warp that is never chosen into a failure, not a hang."""
-    from helpers import small_arch
-
-    from jaxsched.lower import WARP_POLICIES
-
     arch = small_arch(1)
     kernel = make_kernel("loop 6 cta_spread=2\n ldg bytes=128\n fma dep\n fma\nend\n", grid=8, threads=1024)
     freq = clocks.from_array(arch, np.linspace(1600, 1980, arch.n_sm_slots))

@@ -35,6 +35,16 @@ def clock_edges(state: State, launch: Launch) -> tuple[Bool[Array, " sm"], Int[A
     return edge, jnp.where(edge, acc - launch.tick_mhz, acc)
 
 
+def _gpu_forms() -> bool:
+    """Whether the step uses the forms XLA's GPU backend runs faster, off the CPU: the issuing
+    warps' fields written back by a scatter (4 slots per SM) rather than a select over every
+    slot, and each scheduler's minimum key as a chain of elementwise minima rather than a
+    reduction. On the CPU each scatter is a kernel of its own that costs as much as the select,
+    and the chain, fused into each of its consumers, is recomputed there: the whole run took 2.3x
+    as long (benchmarks/RESULTS.md, sessions 12 and 16). Results do not depend on it."""
+    return jax.default_backend() != "cpu"
+
+
 def select(
     state: State, launch: Launch, shapes: Shapes, eligible: Bool[Array, "warp sm"], edge: Bool[Array, " sm"]
 ) -> tuple[Bool[Array, "warp sm"], Bool[Array, "sched sm"], Int[Array, "sched sm"]]:
@@ -77,16 +87,6 @@ def _per_cta(x: Int[Array, "sched sm"], cta_of_sel: Int[Array, "sched sm"], shap
     """Sum of a per-scheduler count over the CTA slots its selected warps belong to."""
     hit = cta_of_sel[None] == jnp.arange(shapes.cta_slots, dtype=jnp.int32)[:, None, None]
     return jnp.sum(jnp.where(hit, x[None], 0), axis=1, dtype=jnp.int32)
-
-
-def _gpu_forms() -> bool:
-    """Whether the step uses the forms XLA's GPU backend runs faster, off the CPU: the issuing
-    warps' fields written back by a scatter (4 slots per SM) rather than a select over every
-    slot, and each scheduler's minimum key as a chain of elementwise minima rather than a
-    reduction. On the CPU each scatter is a kernel of its own that costs as much as the select,
-    and the chain, fused into each of its consumers, is recomputed there: the whole run took 2.3x
-    as long (benchmarks/RESULTS.md, sessions 12 and 16). Results do not depend on it."""
-    return jax.default_backend() != "cpu"
 
 
 _FIELDS = dict(pc="pc", trips="trips_left", fixed="ready_fixed", short="ready_mio", mem="ready_mem",
