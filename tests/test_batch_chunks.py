@@ -27,6 +27,9 @@ def _batch(**kwargs):
 
 
 def test_chunks_change_no_result():
+    # The batch mixes the closed loop (configuration 2) with the other dispatch policies: in
+    # chunks of 2, configurations 0, 1 and 4 share no chunk with it, so they run by the step's
+    # open-loop branch (`step._dispatch`), the whole batch by the closed-loop one.
     whole, chunked = _batch(chunk=5), _batch(chunk=2)
     for name, value in vars(whole).items():
         if hasattr(value, "shape"):

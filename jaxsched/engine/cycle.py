@@ -134,24 +134,6 @@ def _ceil_ticks(queue: Array) -> Array:
     return (queue + QUEUE_ONE_TICK - 1) // QUEUE_ONE_TICK
 
 
-def _learn_cta_durations(
-    est: Int[Array, "launch sm"], complete: Bool[Array, "cta sm"], duration: Int[Array, "cta sm"],
-    slot_launch: Int[Array, "cta sm"], launch: Launch,
-) -> Int[Array, "launch sm"]:
-    """Closed-loop dispatch's integer EMA of CTA durations, one completion at a time in CTA-slot
-    order (docs/model.md section 9); a completion updates its own launch's estimate (section
-    13). Only completions are observed, never the clocks."""
-    a = launch.ema_alpha_256.astype(jnp.int64)
-    n_launches, sm = est.shape[0], jnp.arange(est.shape[1])
-    for j in range(complete.shape[0]):
-        d = duration[j].astype(jnp.int64)
-        l = 0 if n_launches == 1 else jnp.clip(slot_launch[j], 0, n_launches - 1)
-        mine = est[0] if n_launches == 1 else est[l, sm]
-        mine = jnp.where(complete[j], mine + (a * (d - mine)) // 256, mine)
-        est = mine[None] if n_launches == 1 else est.at[l, sm].set(mine)
-    return est
-
-
 class Outlook(NamedTuple):
     """What a tick leaves for the event search (`events.skip_to_next_event`), per SM."""
 
@@ -163,7 +145,8 @@ class Outlook(NamedTuple):
 def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches,
              one: Int[Array, ""]) -> tuple[State, Outlook, Bool[Array, "cta sm"]]:
     """Execute the SM cycles of tick `state.tick` (section 7), complete CTAs and launches, and
-    learn which launches became ready (section 13); no dispatch. `launches`: the per-launch
+    learn which launches became ready (section 13); no dispatch (the closed loop learns the
+    completed CTAs' durations there: `dispatch.learn_cta_durations`). `launches`: the per-launch
     tables (`launches.single(launch, shapes)` for one kernel); `one`: a traced 1 for `once`.
     Returns the CTA slots whose barrier released: their warps' intervals start after the tick's
     dispatch (`intervals.release`, from `step._columns_work`).
@@ -288,8 +271,6 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches,
         kernel_done=kernel_done,
         kernel_end=kernel_end,
         kernel_ready=update_ready(state.kernel_ready, kernel_done, kernel_end, launches),
-        dispatch_est=_learn_cta_durations(state.dispatch_est, complete, k - state.cta_start, state.cta_launch,
-                                          launch),
         acc=acc,
         cycle=c + edge,
         mio=jnp.where(edge, jnp.maximum(mio - 1, 0), state.mio),

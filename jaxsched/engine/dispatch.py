@@ -75,30 +75,31 @@ class Slots(NamedTuple):
 
 
 def scores(
-    slots: Slots, launch: Launch, room: Int[Array, " sm"], est: Int[Array, " sm"], tick: Int[Array, ""]
+    slots: Slots, launch: Launch, room: Int[Array, " sm"], est: Int[Array, " sm"], closed_loop: bool
 ) -> Int[Array, " sm"]:
     """Higher is preferred (int64; every policy breaks its ties by rank, so scores are distinct).
-    Only SMs with room are considered by the caller. docs/model.md section 9."""
+    Only SMs with room are considered by the caller. docs/model.md section 9. Without
+    `closed_loop` (no configuration of the batch dispatches by it) its score is not computed
+    and `est` is not read."""
     i64 = lambda x: x.astype(jnp.int64)  # noqa: E731
     rank = i64(launch.dispatch_rank)
     n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled, dtype=jnp.int64), 1)
     after_pointer = rank - i64(slots.rr_pointer)  # in (-n, n) on enabled SMs: mod n is one select
     policy = launch.dispatch_policy
-    return jnp.select(
-        [policy == HARDWARE, policy == ROUND_ROBIN, policy == LEAST_LOADED, policy == WEIGHTED],
-        [
-            # "Most room", ties to the lowest rank in the rotated fixed order [Gil21].
-            i64(room) * 65536 - rank,
-            # First SM at or after the pointer in rank order.
-            -jnp.where(after_pointer < 0, after_pointer + n_enabled, after_pointer),
-            # Fewest live warps.
-            -i64(slots.live_warps) * 65536 - rank,
-            # Static weights per resident CTA.
-            i64(floor_div(i64(launch.dispatch_weight) * 65536, slots.resident + 1)) * 65536 - rank,
-        ],
-        # Closed loop: earliest expected finish, then most room, then rank [S1].
-        ((-est) * 64 + i64(room)) * 65536 - rank,
-    )
+    candidates = [
+        # "Most room", ties to the lowest rank in the rotated fixed order [Gil21].
+        i64(room) * 65536 - rank,
+        # First SM at or after the pointer in rank order.
+        -jnp.where(after_pointer < 0, after_pointer + n_enabled, after_pointer),
+        # Fewest live warps.
+        -i64(slots.live_warps) * 65536 - rank,
+        # Static weights per resident CTA.
+        i64(floor_div(i64(launch.dispatch_weight) * 65536, slots.resident + 1)) * 65536 - rank,
+    ]
+    if closed_loop:  # earliest expected finish, then most room, then rank [S1]
+        candidates.append(((-est) * 64 + i64(room)) * 65536 - rank)
+    last = candidates.pop()  # the default: the closed loop's, or without it the weighted one
+    return jnp.select([policy == p for p in range(len(candidates))], candidates, last)  # index = policy
 
 
 def _censored_estimate(state: State, tick: Int[Array, ""]) -> Int[Array, "launch sm"]:
@@ -113,6 +114,24 @@ def _censored_estimate(state: State, tick: Int[Array, ""]) -> Int[Array, "launch
         sm = jnp.broadcast_to(jnp.arange(n_sm)[None, :], running.shape)
         oldest = jnp.zeros((n_launches, n_sm), jnp.int32).at[state.cta_launch, sm].max(running)
     return jnp.maximum(state.dispatch_est, oldest.astype(jnp.int64))
+
+
+def learn_cta_durations(state: State, was_occupied: Bool[Array, "cta sm"], launch: Launch) -> Int[Array, "launch sm"]:
+    """Closed-loop dispatch's integer EMA of CTA durations after the tick's cycles (`state`;
+    `was_occupied`: the slots that held a CTA before them), one completion at a time in CTA-slot
+    order (docs/model.md section 9); a completion updates its own launch's estimate (section
+    13). Only completions are observed, never the clocks."""
+    est = state.dispatch_est
+    complete = was_occupied & (state.cta_id < 0)
+    a = launch.ema_alpha_256.astype(jnp.int64)
+    n_launches, sm = est.shape[0], jnp.arange(est.shape[1])
+    for j in range(complete.shape[0]):
+        d = (state.tick - state.cta_start[j]).astype(jnp.int64)
+        l = 0 if n_launches == 1 else jnp.clip(state.cta_launch[j], 0, n_launches - 1)
+        mine = est[0] if n_launches == 1 else est[l, sm]
+        mine = jnp.where(complete[j], mine + (a * (d - mine)) // 256, mine)
+        est = mine[None] if n_launches == 1 else est.at[l, sm].set(mine)
+    return est
 
 
 def _hold_for_better_slots(
@@ -185,17 +204,21 @@ def _place_one(
     fresh: Bool[Array, "cta sm"],
     est_all: Int[Array, "launch sm"],
     tick: Int[Array, ""],
+    closed_loop: bool,
 ) -> Slots:
-    """Place the head launch's next CTA (docs/model.md sections 9 and 13)."""
+    """Place the head launch's next CTA (docs/model.md sections 9 and 13); without
+    `closed_loop`, as if no configuration dispatched by it (no estimate read, no hold)."""
     _, head = head_launch(ready, slots.next_cta, launches, tick)
     est = est_all[head]
     local = slots.next_cta[head]
     takes = _takes_now(slots, usable, fresh, launch)
     room = jnp.sum(takes, axis=0, dtype=jnp.int32)
-    launching_tick = _launching_tick(slots, launch, shapes, usable_tick, tick)
-    score = jnp.where(room > 0, scores(slots, launch, room, est, tick), jnp.iinfo(jnp.int64).min)
+    score = jnp.where(room > 0, scores(slots, launch, room, est, closed_loop), jnp.iinfo(jnp.int64).min)
     sm = jnp.argmax(score).astype(jnp.int32)
-    hold = _hold_for_better_slots(slots, launch, launching_tick, est, sm, tick, launches.n_ctas[head] - local)
+    hold = jnp.bool_(False)
+    if closed_loop:
+        launching_tick = _launching_tick(slots, launch, shapes, usable_tick, tick)
+        hold = _hold_for_better_slots(slots, launch, launching_tick, est, sm, tick, launches.n_ctas[head] - local)
     j = jnp.argmax(takes[:, sm]).astype(jnp.int32)  # lowest free slot that can take it
     n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled, dtype=jnp.int32), 1)
     # Masks rather than `.at[j, sm]` updates: vmapped, a scalar update is a scatter, which the
@@ -272,17 +295,19 @@ class Plan(NamedTuple):
     usable: Bool[Array, "cta sm"]  # past the launch latency
     usable_tick: Int[Array, "cta sm"]
     fresh: Bool[Array, "cta sm"]  # never used: a first fill needs no credit
-    est: Int[Array, "launch sm"]  # the closed loop's censored estimates
+    est: Int[Array, "launch sm"]  # the closed loop's censored estimates (unread without `closed_loop`)
 
 
-def plan(state: State, launch: Launch, shapes: Shapes, tick: Int[Array, ""]) -> tuple[Slots, Plan]:
-    """The CTA-slot table and the fixed inputs of the tick's placements."""
+def plan(state: State, launch: Launch, shapes: Shapes, tick: Int[Array, ""], closed_loop: bool
+         ) -> tuple[Slots, Plan]:
+    """The CTA-slot table and the fixed inputs of the tick's placements (the closed loop's
+    censored estimates only with `closed_loop`)."""
     live = jnp.sum(state.cta_live, axis=0, dtype=jnp.int32)
     slots = Slots(state.cta_id, state.cta_launch, state.resident, live, state.cta_start, state.next_cta,
                    state.rr_pointer, state.launch_credit, jnp.bool_(False))
     # A slot placed in this tick is occupied, so `fresh` needs no update during the tick.
     return slots, Plan(tick, state.kernel_ready, _usable_slots(state, launch, shapes, tick), state.cta_usable_tick,
-                       ~state.cta_used, _censored_estimate(state, tick))
+                       ~state.cta_used, _censored_estimate(state, tick) if closed_loop else state.dispatch_est)
 
 
 def has_work(slots: Slots, p: Plan, launch: Launch, launches: Launches) -> Bool[Array, ""]:
@@ -293,12 +318,13 @@ def has_work(slots: Slots, p: Plan, launch: Launch, launches: Launches) -> Bool[
 
 
 def place(slots: Slots, work: Bool[Array, ""], p: Plan, launch: Launch, launches: Launches,
-          shapes: Shapes) -> tuple[Slots, Bool[Array, ""]]:
+          shapes: Shapes, closed_loop: bool) -> tuple[Slots, Bool[Array, ""]]:
     """One placement (`_place_one`) where there is `work` (`has_work`), else the table as it
     was; and whether there is work after it. A batch's placement loop runs this until no
     configuration has work, so every configuration's placements are its own sequence, as the
     model's loop within a tick."""
-    new = _place_one(slots, launch, launches, p.ready, shapes, p.usable, p.usable_tick, p.fresh, p.est, p.tick)
+    new = _place_one(slots, launch, launches, p.ready, shapes, p.usable, p.usable_tick, p.fresh, p.est, p.tick,
+                     closed_loop)
     slots = jax.tree.map(lambda a, b: jnp.where(work, a, b), new, slots)
     return slots, work & has_work(slots, p, launch, launches)
 
