@@ -4,8 +4,10 @@ A policy is a score per SM; the next CTA goes to the highest-scoring SM with a u
 slot, one CTA at a time, scores re-evaluated after every placement. A slot freed at tick `e` is
 usable from `e + cta_launch_ticks` (the launch path's latency); a slot that has held a CTA is
 refilled only on an SM that holds the launch credit (each refill spends it), so "room" counts
-usable free slots while `resident` still counts occupied ones. Policies are selected by a traced index, so
-one compiled simulation serves all of them.
+usable free slots while `resident` still counts occupied ones. Policies are selected by a
+traced index, so one compiled simulation serves all of them. The closed loop's own work (its
+estimates, its hold, its score) is compiled in twice, with and without it (`closed_loop`): a
+batch without a closed-loop configuration skips it (`step._dispatch`).
 
 A tick's dispatch is four steps, so that a batch runs its placement loop itself
 (`step._place`): `plan` (the slot table and what the placements read), `place` until no
