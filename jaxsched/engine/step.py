@@ -21,7 +21,8 @@ from jaxtyping import Array, Bool, Int
 from ..lower import Launch, Shapes
 from . import columns
 from .cycle import run_tick
-from .dispatch import CLOSED_LOOP, Slots, Variation, commit, has_work, learn_cta_durations, place, placed, plan, start_warps
+from .dispatch import (CLOSED_LOOP, Slots, Variation, commit, has_work, learn_cta_durations, place, placed, plan,
+                       start_warps)
 from .events import skip_to_next_event
 from .grid_barrier import grid_barrier
 from .intervals import Clock, cta_warps, reclock, release
