@@ -31,7 +31,7 @@ import numpy as np
 import jaxsched as js
 from jaxsched import clocks, dvfs, reference
 from jaxsched.engine.devices import mesh_of
-from jaxsched.engine.run import MAX_TICKS, _compiled, default_chunk, stack
+from jaxsched.engine.run import MAX_TICKS, _compiled, default_chunk, stack, uses_closed_loop
 from jaxsched.lower import shapes_for
 from jaxsched.kernel import make_kernel
 
@@ -99,7 +99,8 @@ def main() -> None:
               np.zeros(n, np.float32), stack([params] * n))
     with jax.enable_x64(True):
         t0 = time.perf_counter()
-        shapes = dataclasses.replace(shapes_for(arch, kernel), dvfs=args.dvfs)  # as simulate_batch decides
+        shapes = dataclasses.replace(shapes_for(arch, kernel), dvfs=args.dvfs,  # as simulate_batch decides
+                                     closed_loop=uses_closed_loop(inputs[4]))
         chunk = args.chunk or default_chunk(shapes)  # as simulate_batch decides
         devices = jax.local_devices()[:args.devices or None]
         compiled = _compiled.lower(*inputs, shapes=shapes, max_ticks=MAX_TICKS,

@@ -44,6 +44,7 @@ class Shapes:
     trace_len: int = 0  # rows of the DVFS clock trace (section 12)
     n_launches: int = 1  # kernel launches of a workload (section 13)
     dvfs: bool = True  # False when every configuration has DVFS off: section 12's step is compiled out
+    closed_loop: bool = True  # False when no configuration dispatches by the closed loop: its learning is compiled out
 
     @property
     def warps_per_scheduler(self) -> int:

@@ -318,6 +318,19 @@ def uses_dvfs(sweep: Sweep) -> bool:
     return any(any_dvfs(make()) for _, make in _dvfs_settings(sweep, "sweep"))
 
 
+def uses_closed_loop(sweep: Sweep) -> bool:
+    """Whether any configuration dispatches by the closed loop: then every chunk compiles its
+    learning, so that the sweep compiles once (`simulate_batch`'s `closed_loop_step`)."""
+    path = "policy.dispatch"
+    if path in sweep.grid:
+        values = list(sweep.grid[path])
+    elif sweep.design and path in sweep.design.values:
+        values = list(sweep.design.values[path])
+    else:
+        values = [sweep.base["policy"]["dispatch"]]
+    return "closed_loop" in values
+
+
 def _check_dvfs(sweep: Sweep, source: str) -> None:
     """Every distinct `[dvfs]` setting of the sweep is a valid combination (before any compute)."""
     for where, make in _dvfs_settings(sweep, source):
@@ -585,10 +598,11 @@ class Runner:
     """Runs batches of configurations on local devices, sharded over them when more than one."""
 
     def __init__(self, devices: Sequence | None = None, dvfs_step: bool | None = None,
-                 cta_slots: int | None = None, max_ctas: int | None = None):
+                 cta_slots: int | None = None, max_ctas: int | None = None, closed_loop_step: bool | None = None):
         self.devices = list(devices) if devices else jax.local_devices()
         # simulate_batch's; None decides per batch. A sweep fixes them so that it compiles once.
         self.dvfs_step, self.cta_slots, self.max_ctas = dvfs_step, cta_slots, max_ctas
+        self.closed_loop_step = closed_loop_step
 
     def batch_size(self, n: int) -> int:
         """`n` rounded up to a multiple of the device count."""
@@ -608,8 +622,8 @@ class Runner:
         args = [col[name] for name in ("arch", "kernel", "clocks", "warp_policy", "dispatch", "dispatch_start")]
         kwargs = dict(dispatch_weight=col["dispatch_weight"], ema_alpha=np.asarray(col["ema_alpha"]),
                       ema_prior_ns=np.asarray(col["ema_prior_ns"]), dvfs=col["dvfs"],
-                      dvfs_step=self.dvfs_step, cta_slots=self.cta_slots, max_ctas=self.max_ctas,
-                      devices=self.devices)
+                      dvfs_step=self.dvfs_step, closed_loop_step=self.closed_loop_step,
+                      cta_slots=self.cta_slots, max_ctas=self.max_ctas, devices=self.devices)
         result = simulate_batch(*args, **kwargs)
         return jax.tree.map(lambda x: x[:n], result)
 
@@ -809,7 +823,7 @@ def _extra_shape(sweep: Sweep, extra: tuple[str, ...]) -> tuple[int, ...]:
 def run(sweep: Sweep, progress: Callable[[int, int, float], None] | None = None, *,
         devices: Sequence | None = None, chunk: int | None = None) -> xr.Dataset:
     """Run every configuration in chunks and return the dataset (in memory, no store)."""
-    runner = Runner(devices, uses_dvfs(sweep), sweep.max_cta_slots, sweep.max_grid_ctas)
+    runner = Runner(devices, uses_dvfs(sweep), sweep.max_cta_slots, sweep.max_grid_ctas, uses_closed_loop(sweep))
     layout = make_layout(sweep, chunk or sweep.chunk or auto_chunk(sweep, runner.devices))
     arrays = _unfilled(sweep, layout.shape)
     batch = runner.batch_size(layout.chunk_size)
@@ -974,7 +988,7 @@ def execute(
     out = Path(out)
     store = out / STORE
     rank, n_proc = jax.process_index(), jax.process_count()
-    runner = Runner(devices, uses_dvfs(sweep), sweep.max_cta_slots, sweep.max_grid_ctas)
+    runner = Runner(devices, uses_dvfs(sweep), sweep.max_cta_slots, sweep.max_grid_ctas, uses_closed_loop(sweep))
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         keep = False

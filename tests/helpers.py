@@ -166,13 +166,14 @@ def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: st
                     dvfs=None, trace_len: int = 0) -> Result:
     """`simulate` with `reference.simulate`'s arguments, as one configuration of a batch padded to
     the largest static sizes the strategies draw (every CTA slot of the chip, `MAX_GRID` CTAs,
-    the DVFS step compiled in): a kernel's sizes otherwise follow its occupancy and grid, and
-    every hypothesis example would compile anew. A larger grid pads to its power of two, so
+    the DVFS step and the closed loop's learning compiled in): a kernel's sizes otherwise follow
+    its occupancy and grid, and every hypothesis example would compile anew. A larger grid pads to its power of two, so
     that the few examples with one share a handful of compilations."""
     grid = sum(int(k.grid_ctas) for k in kernel.kernels) if isinstance(kernel, js.Workload) else int(kernel.grid_ctas)
     grid = MAX_GRID if grid <= MAX_GRID else 1 << (grid - 1).bit_length()
     batch = simulate_batch([arch], [kernel], [clocks], [WARP_POLICIES.index(warp_policy)],
                            [DISPATCH_POLICIES.index(dispatch)], [dispatch_start], dispatch_weight=[dispatch_weight],
                            ema_alpha=ema_alpha, ema_prior_ns=ema_prior_ns, dvfs=[dvfs], trace_len=trace_len,
-                           dvfs_step=True, cta_slots=int(arch.max_blocks_per_sm), max_ctas=grid)
+                           dvfs_step=True, closed_loop_step=True, cta_slots=int(arch.max_blocks_per_sm),
+                           max_ctas=grid)
     return jax.tree.map(lambda x: x[0], batch)

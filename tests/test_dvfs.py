@@ -148,14 +148,15 @@ def test_dvfs_off_changes_nothing() -> None:
     assert np.all(np.asarray(off.sm_energy_pj) == 0) and np.all(np.asarray(off.trace_tick) == -1)
 
 
-def test_compiling_the_dvfs_step_out_changes_no_output() -> None:
-    """With every configuration's DVFS off the batch compiles the DVFS step out (`Shapes.dvfs`);
-    a sweep that also has DVFS configurations compiles it in for every chunk. Both must give the
-    same numbers, bit for bit."""
+def test_compiling_the_dvfs_step_and_the_closed_loop_out_changes_no_output() -> None:
+    """With every configuration's DVFS off and none dispatching by the closed loop, the batch
+    compiles the DVFS step and the closed loop's learning out (`Shapes.dvfs`, `Shapes.closed_loop`);
+    a sweep that also has such configurations compiles them in for every chunk. Both must give
+    the same numbers, bit for bit."""
     batch = ([ARCH] * 2, [COMPUTE, MEMORY], [js.clocks.uniform(ARCH, 1.5), js.clocks.uniform(ARCH, 1.98)],
-             [1, 0], [0, 4], [0, 1])
+             [1, 0], [0, 3], [0, 1])
     out = js.simulate_batch(*batch)
-    kept = js.simulate_batch(*batch, dvfs_step=True)
+    kept = js.simulate_batch(*batch, dvfs_step=True, closed_loop_step=True)
     for name in ("makespan_ticks", "sm_cycles", "sm_issued", "sm_stalls", "cta_sm", "cta_start_tick",
                  "cta_end_tick", "sm_energy_pj", "trace_tick"):
         assert np.array_equal(np.asarray(getattr(out, name)), np.asarray(getattr(kept, name))), name

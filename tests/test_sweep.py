@@ -203,6 +203,15 @@ def test_a_sweep_compiles_the_dvfs_step_in_when_any_configuration_has_dvfs(modes
     assert sweep.uses_dvfs(sweep.loads(tiny_sweep_spec("dvfs", 1, grid))) is expected
 
 
+@pytest.mark.parametrize("dispatch, expected", [(None, False), ('["hardware", "weighted"]', False),
+                                               ('["hardware", "closed_loop"]', True)])
+def test_a_sweep_compiles_the_closed_loop_in_when_any_configuration_dispatches_by_it(dispatch, expected):
+    """`uses_closed_loop` decides `simulate_batch(closed_loop_step=...)` for every chunk, so that
+    a sweep whose dispatch policies differ between chunks still compiles once."""
+    grid = '"policy.warp" = ["lrr", "gto"]\n' + (f'"policy.dispatch" = {dispatch}\n' if dispatch else "")
+    assert sweep.uses_closed_loop(sweep.loads(tiny_sweep_spec("dispatch", 1, grid))) is expected
+
+
 def test_grid_sweep_pads_every_chunk_to_the_sweep():
     """Chunks of different grids share the sweep's CTA-trace length and CTA slots: one compilation,
     and a chunk of small grids fits the dataset's `cta` dimension (it did not before)."""

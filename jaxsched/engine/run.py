@@ -306,10 +306,19 @@ def any_dvfs(dvfs: Dvfs) -> bool:
 
 def _dvfs_step(dvfs: Dvfs, requested: bool | None) -> bool:
     """`Shapes.dvfs`: the batch's own need, or the caller's choice where that covers it."""
-    needed = any_dvfs(dvfs)
+    return _compiled_in(any_dvfs(dvfs), requested, "dvfs_step", "a configuration of the batch has DVFS on")
+
+
+def uses_closed_loop(dispatch: ArrayLike) -> bool:
+    """Whether any of these dispatch policies (indices) is the closed loop, so needs its learning."""
+    return bool(np.any(np.asarray(dispatch) == DISPATCH_POLICIES.index("closed_loop")))
+
+
+def _compiled_in(needed: bool, requested: bool | None, field: str, why: str) -> bool:
+    """A step compiled in where the batch needs it, or where the caller asks (`requested`)."""
     if requested is None:
         return needed
-    check(requested or not needed, "dvfs_step", requested, "True: a configuration of the batch has DVFS on")
+    check(requested or not needed, field, requested, f"True: {why}")
     return bool(requested)
 
 
@@ -363,7 +372,8 @@ def simulate(
     dp = np.int32(policy_index(dispatch, DISPATCH_POLICIES, "dispatch"))
     extra = _dispatch_inputs(arch, clocks, dispatch_weight, ema_alpha, ema_prior_ns)
     dvfs = _dvfs_input(arch, dvfs)
-    shapes = dataclasses.replace(shapes, trace_len=_trace_len(trace_len), dvfs=any_dvfs(dvfs))
+    shapes = dataclasses.replace(shapes, trace_len=_trace_len(trace_len), dvfs=any_dvfs(dvfs),
+                                 closed_loop=uses_closed_loop(dp))
     sized = compiled_shapes(shapes)
     with jax.enable_x64(True):
         result = _compiled(unnamed(arch), compiled_input(kernel, sized), clocks, wp, dp, np.int32(dispatch_start),
@@ -415,6 +425,7 @@ def simulate_batch(
     trace_len: int = 0,
     max_ticks: int = MAX_TICKS,
     dvfs_step: bool | None = None,
+    closed_loop_step: bool | None = None,
     cta_slots: int | None = None,
     max_ctas: int | None = None,
     chunk: int | None = None,
@@ -429,12 +440,14 @@ def simulate_batch(
     modes may differ); their programs are padded to one length. `dvfs_step` compiles the DVFS
     step in (True) or out (False: every configuration must have DVFS off); None decides by the
     batch. A sweep passes True when any of its configurations has DVFS on, so that its chunks
-    share one compilation. `cta_slots` sizes the per-SM CTA-slot arrays at least this large
-    (default: the batch's largest occupancy), and `max_ctas` the per-CTA trace (default: the
-    batch's largest grid); a sweep passes its largest of each, for the same reason and so that
-    every chunk's trace has the sweep's length. `chunk` runs the batch that many configurations
-    at a time in one compiled call (default `default_chunk`: on the CPU, as many as keep a
-    step's arrays in cache; elsewhere all at once) on each device. `devices` (default: the one
+    share one compilation. `closed_loop_step` likewise compiles in the closed loop's learning
+    (True) or leaves it out (False: no configuration may dispatch by `closed_loop`). `cta_slots`
+    sizes the per-SM CTA-slot arrays at least this large (default: the batch's largest
+    occupancy), and `max_ctas` the per-CTA trace (default: the batch's largest grid); a sweep
+    passes its largest of each, for the same reason and so that every chunk's trace has the
+    sweep's length. `chunk` runs the batch that many configurations at a time in one compiled
+    call (default `default_chunk`: on the CPU, as many as keep a step's arrays in cache;
+    elsewhere all at once) on each device. `devices` (default: the one
     device of an enclosing `jax.default_device`, else every local device of the default backend:
     on the CPU one per core, `engine/devices.py`) share the batch, each running a contiguous
     slice of it. Results depend on neither.
@@ -455,7 +468,10 @@ def simulate_batch(
                                                   2**31 - 1),
                                  cta_slots=_padded("cta_slots", cta_slots, [s.cta_slots for s in shape_list],
                                                    "occupancy", 1024),
-                                 trace_len=_trace_len(trace_len), dvfs=_dvfs_step(dvfs_stack, dvfs_step))
+                                 trace_len=_trace_len(trace_len), dvfs=_dvfs_step(dvfs_stack, dvfs_step),
+                                 closed_loop=_compiled_in(uses_closed_loop(dispatch), closed_loop_step,
+                                                          "closed_loop_step",
+                                                          "a configuration of the batch dispatches by closed_loop"))
     check(chunk is None or (isinstance(chunk, (int, np.integer)) and 1 <= chunk <= 2**31 - 1), "chunk", chunk,
           "an integer in 1 .. 2^31 - 1, or None")
     chunk = default_chunk(shapes) if chunk is None else int(chunk)

@@ -86,11 +86,12 @@ def _dispatch(runs: Run, states: State, was_occupied: Bool[Array, "batch cta sm"
               ) -> tuple[State, Slots]:
     """The closed loop's learning of the CTAs completed in the tick's cycles (`was_occupied`:
     the slots that held a CTA before them), then the tick's placements (`_place`). Where no
-    configuration of the batch dispatches by the closed loop, its estimates decide nothing: a
-    batch-level conditional then skips the learning, the censored estimates, the hold and the
-    closed loop's score: 5 % of an H200 step at batch 4096, 7 % of a CPU step at 4
-    configurations per chunk, about 1 % at one (benchmarks/RESULTS.md, session 17). Results do
-    not depend on it."""
+    configuration dispatches by the closed loop, its estimates decide nothing, so the learning,
+    the censored estimates, the hold and the closed loop's score are left out: at compile time
+    where no configuration of the whole sweep needs them (`Shapes.closed_loop`), else by a
+    batch-level conditional where no configuration of the batch does. They are 5 % of an H200
+    step at batch 4096, 7 % of a CPU step at 4 configurations per chunk, about 1 % at one
+    (benchmarks/RESULTS.md, session 17). Results do not depend on either."""
     def closed(s: State) -> tuple[Array, Slots]:
         est = jax.vmap(lambda r, x, o: learn_cta_durations(x, o, r.launch))(runs, s, was_occupied)
         return est, _place(runs, dataclasses.replace(s, dispatch_est=est), shapes, True)
@@ -98,7 +99,10 @@ def _dispatch(runs: Run, states: State, was_occupied: Bool[Array, "batch cta sm"
     def open_loop(s: State) -> tuple[Array, Slots]:
         return s.dispatch_est, _place(runs, s, shapes, False)
 
-    est, slots = jax.lax.cond(jnp.any(runs.launch.dispatch_policy == CLOSED_LOOP), closed, open_loop, states)
+    if shapes.closed_loop:
+        est, slots = jax.lax.cond(jnp.any(runs.launch.dispatch_policy == CLOSED_LOOP), closed, open_loop, states)
+    else:
+        est, slots = open_loop(states)
     return dataclasses.replace(states, dispatch_est=est), slots
 
 
