@@ -2,7 +2,22 @@
 
 import os
 
+from hypothesis import settings
+
 # xdist already runs one worker per core (`make test`), so each worker takes one CPU device
 # rather than one per core (`jaxsched.engine.devices`); subprocesses inherit it.
 # tests/test_sharding.py and tests/test_batch_chunks.py check the multi-device paths.
 os.environ.setdefault("JAXSCHED_CPU_DEVICES", "1")
+
+# Compilation is most of the suite's time. XLA's CPU fusion emitters off halve a small chip's
+# compile (10 s to 5-7 s) for a slower run (+25-40 %): a net gain where each engine compiles
+# for a few short runs. Results do not depend on it: tests/test_compiler_flags.py compares a
+# varied batch against XLA's defaults bit for bit. Subprocesses inherit it.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_cpu_use_fusion_emitters=false").strip()
+
+# Fixed draws by default, so that the suite's time does not depend on luck: a rare draw (a
+# chip whose DRAM serves 5 B/ns, say) runs the reference for 20-30 s and hypothesis then
+# explores around it. HYPOTHESIS_PROFILE=explore draws anew each run.
+settings.register_profile("fixed", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
