@@ -88,8 +88,9 @@ def _dispatch(runs: Run, states: State, was_occupied: Bool[Array, "batch cta sm"
     the slots that held a CTA before them), then the tick's placements (`_place`). Where no
     configuration dispatches by the closed loop, its estimates decide nothing, so the learning,
     the censored estimates, the hold and the closed loop's score are left out: at compile time
-    where no configuration of the whole sweep needs them (`Shapes.closed_loop`), else by a
-    batch-level conditional where no configuration of the batch does. They are 5 % of an H200
+    where no configuration of the call (or of the sweep it is a chunk of) needs them
+    (`Shapes.closed_loop`), else by a batch-level conditional where no configuration of the
+    batch does. They are 5 % of an H200
     step at batch 4096, 7 % of a CPU step at 4 configurations per chunk, about 1 % at one
     (benchmarks/RESULTS.md, session 17). Results do not depend on either."""
     def closed(s: State) -> tuple[Array, Slots]:
