@@ -142,27 +142,16 @@ class Outlook(NamedTuple):
     changed: Bool[Array, " sm"]  # warps were released or started: look again at the next cycle
 
 
-def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches,
-             one: Int[Array, ""]) -> tuple[State, Outlook, Bool[Array, "cta sm"]]:
-    """Execute the SM cycles of tick `state.tick` (section 7), complete CTAs and launches, and
-    learn which launches became ready (section 13); no dispatch (the closed loop learns the
-    completed CTAs' durations there: `dispatch.learn_cta_durations`). `launches`: the per-launch
-    tables (`launches.single(launch, shapes)` for one kernel); `one`: a traced 1 for `once`.
-    Returns the CTA slots whose barrier released: their warps' intervals start after the tick's
-    dispatch (`intervals.release`, from `step._columns_work`).
-
-    One pass over the warp slots (`status.scan`) finds the eligible warps and counts the ready
-    ones; what an issue does is decoded and computed per scheduler for its selected warp, then
-    written back where `sel`. The issuing warp's next blocked interval is counted now, whole."""
-    k = state.tick
-    edge, acc = clock_edges(state, launch)
-    c = state.cycle
-    w = state.warps
-    throttle = throttled(state.pipe_free64, state.mio, launch.mio_depth, c)
-    sc = scan(w.wake, w.issue_class, throttle, c, shapes)
-    sel, has, q_sel = select(state, launch, shapes, sc.eligible, edge)
-
-    # The selected warp of each scheduler and its instruction, [sched, sm].
+def _issue(state: State, launch: Launch, shapes: Shapes, launches: Launches, ready_before: Int[Array, "sched sm"],
+           next_wake_before: Int[Array, " sm"], has: Bool[Array, "sched sm"], q_sel: Int[Array, "sched sm"],
+           edge: Bool[Array, " sm"], acc: Int[Array, " sm"]) -> dict[str, Array]:
+    """What each scheduler's issuing warp does in this cycle (section 7), [sched, sm] unless
+    noted: its instruction decoded, the pipes, MIO backlog and chip queues it joins, its
+    barrier arrival, exit or loop back-edge, its next pc and ready times, and its next blocked
+    interval; plus what the tick leaves for the event search (`Outlook`'s `ready` and
+    `next_wake`). Everything the rest of the tick reads of an issue, so that `once` can
+    materialise it in one go."""
+    k, c, w = state.tick, state.cycle, state.warps
     pick = lambda x: _of_selected(x, q_sel, shapes)  # noqa: E731
     pc_s = jnp.clip(pick(w.pc), 0, shapes.n_instr - 1)
     launch_s = pick(w.launch) if shapes.n_launches > 1 else jnp.zeros_like(pc_s)
@@ -217,28 +206,55 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches,
                             mem_cycle(ready_mem, k, after, state.freq, acc, launch.tick_mhz), after)
     stops = exits | arrive
     wake = jnp.where(stops, INF, blocked.wake)
-    counted = has & ~stops
-    blocked_cycles = interval_cycles(blocked, counted)
 
+    # Lanes active in the issued instruction (SIMT efficiency): an if/else path runs its lanes.
+    in_if = (pc_s >= prog.branch_start) & (pc_s < prog.branch_mid)
+    in_else = (pc_s >= prog.branch_mid) & (pc_s < prog.branch_end)
+    active_lanes = jnp.where(in_if, if_lanes_s, jnp.where(in_else, lanes_s - if_lanes_s, lanes_s))
     slot_s = jnp.arange(shapes.schedulers, dtype=jnp.int32)[:, None] + shapes.schedulers * q_sel
-    cta_of_sel = cta_slot_of(slot_s, launch.warps_per_cta, shapes)
-    cta_arrived = state.cta_arrived + _per_cta((arrive & ~grid_arrive).astype(jnp.int32), cta_of_sel, shapes)
-    cta_live = state.cta_live - _per_cta(exits.astype(jnp.int32), cta_of_sel, shapes)
+    return dict(
+        pc=jnp.where(exits, NO_WARP, next_pc), trips=trips_left_s, fixed=ready_fixed, short=ready_mio,
+        mem=ready_mem, fetch=ready_fetch, wake=wake, cls=op_class(op_next),
+        pipe_free64=pipe_free64, mio=mio,  # [pipe, sched, sm] and [sm]
+        op=op_s, arrive=arrive, grid_arrive=grid_arrive, exits=exits, take=take, l2=l2_s, dram=dram_s,
+        active_lanes=jnp.where(has, active_lanes, 0), cta_of_sel=cta_slot_of(slot_s, launch.warps_per_cta, shapes),
+        blocked_cycles=interval_cycles(blocked, has & ~stops),  # [3, sched, sm]
+        ready=ready_before - jnp.where(has, one_of_class(pick(w.issue_class)), 0),
+        next_wake=jnp.minimum(next_wake_before, jnp.min(jnp.where(has, wake, INF), axis=0)),  # [sm]
+    )
+
+
+def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches,
+             one: Int[Array, ""]) -> tuple[State, Outlook, Bool[Array, "cta sm"]]:
+    """Execute the SM cycles of tick `state.tick` (section 7), complete CTAs and launches, and
+    learn which launches became ready (section 13); no dispatch (the closed loop learns the
+    completed CTAs' durations there: `dispatch.learn_cta_durations`). `launches`: the per-launch
+    tables (`launches.single(launch, shapes)` for one kernel); `one`: a traced 1 for `once`.
+    Returns the CTA slots whose barrier released: their warps' intervals start after the tick's
+    dispatch (`intervals.release`, from `step._columns_work`).
+
+    One pass over the warp slots (`status.scan`) finds the eligible warps and counts the ready
+    ones; what an issue does is decoded and computed per scheduler for its selected warp
+    (`_issue`, materialised by `once`), then written back where `sel`. The issuing warp's next
+    blocked interval is counted now, whole."""
+    k = state.tick
+    edge, acc = clock_edges(state, launch)
+    c = state.cycle
+    w = state.warps
+    throttle = throttled(state.pipe_free64, state.mio, launch.mio_depth, c)
+    sc = scan(w.wake, w.issue_class, throttle, c, shapes)
+    sel, has, q_sel = select(state, launch, shapes, sc.eligible, edge)
+    iss = once(lambda: _issue(state, launch, shapes, launches, sc.ready, sc.next_wake, has, q_sel, edge, acc), one)
+    warps = _write_back(w, {key: iss[key] for key in _FIELDS}, sel, has, q_sel, shapes)
+
+    cta_arrived = state.cta_arrived + _per_cta((iss["arrive"] & ~iss["grid_arrive"]).astype(jnp.int32),
+                                               iss["cta_of_sel"], shapes)
+    cta_live = state.cta_live - _per_cta(iss["exits"].astype(jnp.int32), iss["cta_of_sel"], shapes)
     occupied = state.cta_id >= 0
     release = occupied & (cta_arrived == cta_live) & (cta_arrived > 0)
     complete = occupied & (cta_live == 0)
 
-    # What the selected warps write back, per scheduler, computed once (`materialize`).
-    upd = once(dict(
-        pc=jnp.where(exits, NO_WARP, next_pc), trips=trips_left_s, fixed=ready_fixed, short=ready_mio,
-        mem=ready_mem, fetch=ready_fetch, wake=wake, cls=op_class(op_next), pipe_free64=pipe_free64, mio=mio), one)
-    pipe_free64, mio = upd.pop("pipe_free64"), upd.pop("mio")
-    warps = _write_back(w, upd, sel, has, q_sel, shapes)
-
     # Counters use the start-of-cycle state; 'selected' for the issuing warps.
-    in_if = (pc_s >= prog.branch_start) & (pc_s < prog.branch_mid)
-    in_else = (pc_s >= prog.branch_mid) & (pc_s < prog.branch_end)
-    active_lanes = jnp.where(in_if, if_lanes_s, jnp.where(in_else, lanes_s - if_lanes_s, lanes_s))
     n_done = jnp.sum(complete, dtype=jnp.int32)
     counters = state.counters
     e = edge.astype(jnp.int64)
@@ -246,6 +262,7 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches,
     n_issued = jnp.sum(has, axis=0, dtype=jnp.int32)
     n_active = jnp.sum(state.cta_live, axis=0, dtype=jnp.int64)
     n_barrier = jnp.sum(state.cta_arrived, axis=0, dtype=jnp.int32) + state.g_waiting
+    blocked_cycles = iss["blocked_cycles"]
     stalls = stall_rows(selected=n_issued, not_selected=e * ready.eligible - n_issued, long=blocked_cycles[0],
                         short=blocked_cycles[1], wait=blocked_cycles[2], barrier=e * n_barrier,
                         mio=e * ready.mio_throttle, pipe=e * ready.pipe_throttle)
@@ -255,12 +272,12 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches,
         sm_cycles=counters.sm_cycles + e,
         sm_busy_cycles=counters.sm_busy_cycles + e * (n_active > 0),
         sm_issued=counters.sm_issued + n_issued,
-        sm_issued_op=counters.sm_issued_op + _count_ops(op_s, has),
-        sm_active_lanes=counters.sm_active_lanes + jnp.sum(jnp.where(has, active_lanes, 0), axis=0, dtype=jnp.int64),
+        sm_issued_op=counters.sm_issued_op + _count_ops(iss["op"], has),
+        sm_active_lanes=counters.sm_active_lanes + jnp.sum(iss["active_lanes"], axis=0, dtype=jnp.int64),
         sm_warp_cycles=counters.sm_warp_cycles + e * n_active,
         sm_stalls=counters.sm_stalls + stalls,
         cta_end_tick=counters.cta_end_tick.at[end_ids.reshape(-1)].set(k, mode="drop"),
-        sm_items=counters.sm_items + jnp.sum(take, axis=0, dtype=jnp.int64),
+        sm_items=counters.sm_items + jnp.sum(iss["take"], axis=0, dtype=jnp.int64),
     )
     # Launches complete with their last CTA; their successors learn when they may start.
     done_now = per_launch_sum(complete.astype(jnp.int32), state.cta_launch, shapes.n_launches)
@@ -273,8 +290,8 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches,
         kernel_ready=update_ready(state.kernel_ready, kernel_done, kernel_end, launches),
         acc=acc,
         cycle=c + edge,
-        mio=jnp.where(edge, jnp.maximum(mio - 1, 0), state.mio),
-        pipe_free64=pipe_free64,
+        mio=jnp.where(edge, jnp.maximum(iss["mio"] - 1, 0), state.mio),
+        pipe_free64=iss["pipe_free64"],
         last=jnp.where(has, q_sel, state.last),
         cta_id=jnp.where(complete, -1, state.cta_id),
         # The launch path needs cta_launch_ticks before a freed slot starts its next CTA.
@@ -283,11 +300,11 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches,
         cta_arrived=jnp.where(release, 0, cta_arrived),
         resident=state.resident - jnp.sum(complete, axis=0, dtype=jnp.int32),
         warps=warps,
-        q_l2=state.q_l2 + jnp.sum(l2_s, dtype=jnp.int32),
-        q_dram=state.q_dram + jnp.sum(dram_s, dtype=jnp.int32),
-        g_arrived=state.g_arrived + jnp.sum(grid_arrive, dtype=jnp.int32),
-        g_waiting=state.g_waiting + jnp.sum(grid_arrive, axis=0, dtype=jnp.int32),
-        items_taken=state.items_taken + jnp.sum(take, dtype=jnp.int32),
+        q_l2=state.q_l2 + jnp.sum(iss["l2"], dtype=jnp.int32),
+        q_dram=state.q_dram + jnp.sum(iss["dram"], dtype=jnp.int32),
+        g_arrived=state.g_arrived + jnp.sum(iss["grid_arrive"], dtype=jnp.int32),
+        g_waiting=state.g_waiting + jnp.sum(iss["grid_arrive"], axis=0, dtype=jnp.int32),
+        items_taken=state.items_taken + jnp.sum(iss["take"], dtype=jnp.int32),
         ctas_done=state.ctas_done + n_done,
         last_exit_tick=jnp.where(n_done > 0, k, state.last_exit_tick),
         counters=counters,
@@ -296,9 +313,5 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches,
     # SM has a free CTA slot, one freed in this cycle included (section 7).
     credit = collect(state.launch_credit, ready.starved, edge.astype(jnp.int32),
                      has_free_slot(out, launch, shapes), launch)
-    look = Outlook(
-        ready=sc.ready - jnp.where(has, one_of_class(pick(w.issue_class)), 0),
-        next_wake=jnp.minimum(sc.next_wake, jnp.min(jnp.where(has, wake, INF), axis=0)),
-        changed=jnp.any(release, axis=0),
-    )
+    look = Outlook(ready=iss["ready"], next_wake=iss["next_wake"], changed=jnp.any(release, axis=0))
     return replace(out, launch_credit=credit), look, release

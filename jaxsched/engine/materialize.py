@@ -3,9 +3,10 @@
 XLA fuses an elementwise producer into each consumer, and a consumer that broadcasts it (a
 per-scheduler value read by the 16 warp slots of its scheduler) recomputes the producer's whole
 expression per slot. `jax.lax.optimization_barrier` does not stop this: XLA expands it before
-fusion. Values that leave a loop or a conditional are materialised, so `once` returns them from
+fusion. Values that leave a loop or a conditional are materialised, so `once` computes them in
 a conditional whose predicate XLA cannot prove (benchmarks/RESULTS.md, "Where the time goes";
-a one-trip loop did the same at a few per cent more, session 15).
+a one-trip loop did the same at a few per cent more, session 15). They are computed inside its
+taken branch: values computed outside and passed through cost a copy each (session 20).
 
 It pays on the CPU only: the GPU's fusions recompute less than the CPU's, and there the
 materialising loop cost more than it saved (RESULTS.md, sessions 9 and 10), so on a
@@ -16,7 +17,7 @@ by its own loop.)
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Callable, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -30,14 +31,18 @@ def _materialising_pays() -> bool:
     return jax.default_backend() == "cpu"
 
 
-def once(values: T, one: Int[Array, ""]) -> T:
-    """`values`, materialised (see the module docstring). `one` must be a traced int32 equal to
-    1, the caller's proof that the conditional takes its first branch, which XLA cannot see. It
-    must not vary over an enclosing `vmap` (the step computes it from the whole batch): a batched
-    predicate turns the conditional into a select, which gives the same values unmaterialised.
-    Off the CPU `values` are returned as they are (module docstring)."""
+def once(values: Callable[[], T], one: Int[Array, ""]) -> T:
+    """`values()`, materialised (see the module docstring): computed inside the taken branch of
+    a conditional, so that its results are written where the conditional leaves them (values
+    computed outside and passed through would be copied there). `one` must be a traced int32
+    equal to 1, the caller's proof that the conditional takes that branch, which XLA cannot see.
+    It must not vary over an enclosing `vmap` (the step computes it from the whole batch): a
+    batched predicate turns the conditional into a select, which gives the same values
+    unmaterialised. Off the CPU `values()` is returned as it is (module docstring)."""
     if not _materialising_pays():
-        return values
+        return values()
 
-    empty = jax.tree.map(lambda v: jnp.zeros(v.shape, v.dtype), values)
-    return jax.lax.cond(one == 1, lambda: values, lambda: empty)
+    def empty() -> T:
+        return jax.tree.map(lambda v: jnp.zeros(v.shape, v.dtype), jax.eval_shape(values))
+
+    return jax.lax.cond(one == 1, values, empty)
