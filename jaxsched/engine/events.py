@@ -19,13 +19,14 @@ from jaxtyping import Array, Int
 
 from ..lower import QUEUE_ONE_TICK, Launch, Shapes
 from .exact import floor_div
+from .materialize import once
 from .cycle import Outlook
 from .dispatch import next_usable_tick
 from .launch_credit import collect, cycles_to_full, has_free_slot
 from .launches import Launches, next_ready_tick
 from .power import next_dvfs_event
 from .state import State
-from .status import INF, class_bits, class_counts, cycles_in, ready_counts, stall_rows, throttled
+from .status import INF, Ready, class_bits, class_counts, cycles_in, ready_counts, stall_rows, throttled
 
 _MAX_AHEAD_CYCLES = 1 << 17  # x MAX_MHZ stays in int32; a farther event just comes early
 
@@ -63,20 +64,31 @@ def _throttle_clears(state: State, launch: Launch, look: Outlook, throttle: Arra
     return jnp.min(jnp.where(waiting, clear, INF), axis=(0, 1))
 
 
-def skip_to_next_event(
-    state: State, launch: Launch, shapes: Shapes, done: Array, launches: Launches, look: Outlook
-) -> State:
-    """Advance from the tick just executed (state.tick) to the next event tick (nothing is
-    skipped once `done`: the counters must stop at the makespan). `look`: what the tick left
-    (`cycle.run_tick`), with `changed` set where anything after the SM cycles (a grid-barrier
-    release, dispatch, a clock change) touched an SM's warps."""
-    k = state.tick
+def _next_cycle_event(state: State, launch: Launch, look: Outlook) -> tuple[Ready, Int[Array, " sm"]]:
+    """How each SM's ready warps count at its next cycle, and the tick of its next cycle that
+    is an event (INF: none): its next cycle if a warp is eligible there or `look.changed`, else
+    the earliest wake or throttle clearing."""
     c = state.cycle  # each SM's next cycle
     throttle = throttled(state.pipe_free64, state.mio, launch.mio_depth, c)
     ready = ready_counts(look.ready, throttle)
     clear_cycle = jnp.minimum(look.next_wake, _throttle_clears(state, launch, look, throttle))
     next_cycle = jnp.where(look.changed | (ready.eligible > 0), c, clear_cycle)
-    by_cycle = jnp.where(next_cycle < INF, k + ticks_until_cycle(state, launch, next_cycle), INF)
+    return ready, jnp.where(next_cycle < INF, state.tick + ticks_until_cycle(state, launch, next_cycle), INF)
+
+
+def skip_to_next_event(
+    state: State, launch: Launch, shapes: Shapes, done: Array, launches: Launches, look: Outlook,
+    one: Int[Array, ""]
+) -> State:
+    """Advance from the tick just executed (state.tick) to the next event tick (nothing is
+    skipped once `done`: the counters must stop at the makespan). `look`: what the tick left
+    (`cycle.run_tick`), with `changed` set where anything after the SM cycles (a grid-barrier
+    release, dispatch, a clock change) touched an SM's warps. `one`: a traced 1 for `once`,
+    which materialises the per-SM search (`_next_cycle_event`): the counters and the chip-wide
+    minimum read it, and would each recompute it in their fusions (benchmarks/RESULTS.md,
+    session 20)."""
+    k = state.tick
+    ready, by_cycle = once(lambda: _next_cycle_event(state, launch, look), one)
     per_sm = jnp.where(launch.sm_enabled, by_cycle, INF)
     # The cycle at which an SM's launch credit fills up makes its free slots usable (section 11).
     free = has_free_slot(state, launch, shapes)

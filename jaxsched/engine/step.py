@@ -179,8 +179,8 @@ def step(runs: Run, states: State, shapes: Shapes) -> State:
     touched = _Touched(released, v(placed)(states, slots), slots.cta_id, slots.cta_launch, due)
     states, marked, took = _warp_work(runs, states, touched, old_freq, shapes)
     states = v(lambda r, s, x, t: commit(s, x, t, r.launch, shapes))(runs, states, slots, took)
-    return v(lambda r, s, o: skip_to_next_event(s, r.launch, shapes, s.ctas_done >= r.launch.n_ctas, r.launches, o))(
-        runs, states, looks._replace(changed=looks.changed | marked))
+    return v(lambda r, s, o: skip_to_next_event(s, r.launch, shapes, s.ctas_done >= r.launch.n_ctas, r.launches, o,
+                                                one))(runs, states, looks._replace(changed=looks.changed | marked))
 
 
 def _frozen(state: State) -> dict:
