@@ -63,6 +63,20 @@ def test_bad_chunk_is_refused(chunk):
         _batch(chunk=chunk)
 
 
+@pytest.mark.parametrize("field, policies", [("warp_policy", [0, 1, 3, 1, 0]), ("warp_policy", [-1] * 5),
+                                              ("dispatch", [0, 1, 5, 0, 3])])
+def test_policy_indices_out_of_range_are_refused(field, policies):
+    """An index past the known policies would run as some other policy: refused, with the field,
+    the bad indices and the known names."""
+    arch = small_arch()
+    kernels = [js.make_kernel(PROGRAM, grid=6, threads=128, regs=32)] * 5
+    given = {"warp_policy": [0] * 5, "dispatch": [0] * 5, field: policies}
+    with pytest.raises(JaxschedError, match=field) as err:
+        js.simulate_batch([arch] * 5, kernels, [clocks.uniform(arch)] * 5, given["warp_policy"],
+                          given["dispatch"], [0] * 5)
+    assert str(sorted(p for p in set(policies) if p < 0 or p > 2 + 2 * (field == "dispatch"))) in str(err.value)
+
+
 def test_default_devices_respect_a_chosen_default_device():
     code = ("import jaxsched, jax; from jaxsched.engine.devices import default_devices as d\n"
             "with jax.default_device(jax.devices()[1]):\n    inner = d()\n"

@@ -46,12 +46,18 @@ def _gpu_forms() -> bool:
 
 
 def select(
-    state: State, launch: Launch, shapes: Shapes, eligible: Bool[Array, "warp sm"], edge: Bool[Array, " sm"]
+    state: State, launch: Launch, shapes: Shapes, eligible: Bool[Array, "warp sm"], edge: Bool[Array, " sm"],
+    policy: Int[Array, ""] | None = None,
 ) -> tuple[Bool[Array, "warp sm"], Bool[Array, "sched sm"], Int[Array, "sched sm"]]:
     """Each scheduler picks at most one eligible warp by the warp policy (minimum key). Keys are
     unique per scheduler (LRR's by q, ages by CTA and warp), so the minimum of `key << 5 | q`
     (q < 32) names the warp: one plain minimum over the scheduler's warps, in int32 where every
     age `32 g + w` fits in 26 bits (grids up to 2^21 CTAs), else int64.
+
+    `policy`: the whole batch's warp policy where it is one (a batch of one: unbatched under
+    `vmap`), so that a `switch` computes only its key; else each configuration's key is chosen
+    among the three (`launch.warp_policy`). The switch made the CPU's whole run about 5 % faster
+    (benchmarks/RESULTS.md, session 20).
 
     Off the CPU (`_gpu_forms`) the minimum over a scheduler's warps is a chain of elementwise
     minima: the H200 ran the reduction over this middle axis as a loop kernel at a fifth of its
@@ -59,17 +65,24 @@ def select(
     session 16)."""
     n_q = shapes.warps_per_scheduler
     q = q_index(shapes)[:, None]
-    last = per_warp(state.last, shapes)
-    key = jnp.select(
-        [launch.warp_policy == LRR, launch.warp_policy == GTO],
-        [(q - last - 1) % n_q, jnp.where(q == last, -1, state.warps.age)],
-        state.warps.age,
-    )
-    candidate = eligible & edge
     wide = jnp.int64 if shapes.max_ctas > 1 << 21 else jnp.int32
     never = jnp.iinfo(wide).max
-    by_q = by_scheduler(jnp.where(candidate, (key.astype(wide) << 5) | q, never), shapes)
-    best = functools.reduce(jnp.minimum, [by_q[:, i] for i in range(n_q)]) if _gpu_forms() else jnp.min(by_q, axis=1)
+
+    def best_of(key: Int[Array, "warp sm"]) -> Array:
+        """Per scheduler, the minimum of `key << 5 | q` over its candidate warps (`never`: none)."""
+        candidate = eligible & edge
+        by_q = by_scheduler(jnp.where(candidate, (key.astype(wide) << 5) | q, never), shapes)
+        return functools.reduce(jnp.minimum, [by_q[:, i] for i in range(n_q)]) if _gpu_forms() else jnp.min(by_q, axis=1)
+
+    last = per_warp(state.last, shapes)
+    keys = {LRR: lambda: (q - last - 1) % n_q, GTO: lambda: jnp.where(q == last, -1, state.warps.age),
+            OLDEST: lambda: state.warps.age}
+    if policy is not None:
+        best = jax.lax.switch(policy, [lambda k=keys[p]: best_of(k()) for p in (LRR, GTO, OLDEST)])
+    else:
+        key = jnp.select([launch.warp_policy == LRR, launch.warp_policy == GTO], [keys[LRR](), keys[GTO]()],
+                         keys[OLDEST]())
+        best = best_of(key)
     has = best < never
     q_sel = (best & 31).astype(jnp.int32)
     sel = (q == per_warp(q_sel, shapes)) & per_warp(has, shapes)
@@ -229,12 +242,13 @@ def _issue(state: State, launch: Launch, shapes: Shapes, launches: Launches, rea
     )
 
 
-def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches,
-             one: Int[Array, ""]) -> tuple[State, Outlook, Bool[Array, "cta sm"]]:
+def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches, one: Int[Array, ""],
+             policy: Int[Array, ""] | None = None) -> tuple[State, Outlook, Bool[Array, "cta sm"]]:
     """Execute the SM cycles of tick `state.tick` (section 7), complete CTAs and launches, and
     learn which launches became ready (section 13); no dispatch (the closed loop learns the
     completed CTAs' durations there: `dispatch.learn_cta_durations`). `launches`: the per-launch
-    tables (`launches.single(launch, shapes)` for one kernel); `one`: a traced 1 for `once`.
+    tables (`launches.single(launch, shapes)` for one kernel); `one`: a traced 1 for `once`;
+    `policy`: the batch's one warp policy, if it has one (`select`).
     Returns the CTA slots whose barrier released: their warps' intervals start after the tick's
     dispatch (`intervals.release`, from `step._columns_work`).
 
@@ -248,7 +262,7 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches,
     w = state.warps
     throttle = throttled(state.pipe_free64, state.mio, launch.mio_depth, c)
     sc = scan(w.wake, w.issue_class, throttle, c, shapes)
-    sel, has, q_sel = select(state, launch, shapes, sc.eligible, edge)
+    sel, has, q_sel = select(state, launch, shapes, sc.eligible, edge, policy)
     iss = once(lambda: _issue(state, launch, shapes, launches, sc.ready, sc.next_wake, sel, has, q_sel, edge, acc), one)
     warps = _write_back(w, {key: iss[key] for key in _FIELDS}, sel, has, q_sel, shapes)
 

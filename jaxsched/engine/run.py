@@ -476,6 +476,9 @@ def simulate_batch(
           "an integer in 1 .. 2^31 - 1, or None")
     chunk = default_chunk(shapes) if chunk is None else int(chunk)
     as_i32 = lambda v: np.broadcast_to(np.asarray(v, dtype=np.int32), (n,))  # noqa: E731
+    for field, given, known in (("warp_policy", warp_policy, WARP_POLICIES), ("dispatch", dispatch, DISPATCH_POLICIES)):
+        bad = [int(p) for p in np.unique(as_i32(given)) if not 0 <= p < len(known)]
+        check(not bad, field, bad, f"indices 0..{len(known) - 1} into {known}")
     weights = [None] * n if dispatch_weight is None else list(dispatch_weight)
     alphas = np.broadcast_to(np.asarray(ema_alpha, dtype=np.float32), (n,))
     priors = np.broadcast_to(np.asarray(ema_prior_ns, dtype=np.float32), (n,))

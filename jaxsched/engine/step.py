@@ -170,7 +170,8 @@ def step(runs: Run, states: State, shapes: Shapes) -> State:
     v = jax.vmap
     one = jnp.minimum(jnp.min(runs.launch.tick_mhz), 1)  # a traced 1 (`materialize.once`)
     was_occupied = states.cta_id >= 0
-    states, looks, released = v(lambda r, s: run_tick(s, r.launch, shapes, r.launches, one))(runs, states)
+    policy = runs.launch.warp_policy[0] if runs.launch.warp_policy.shape[0] == 1 else None  # `cycle.select`
+    states, looks, released = v(lambda r, s: run_tick(s, r.launch, shapes, r.launches, one, policy))(runs, states)
     states, due = v(lambda r, s: grid_barrier(s, r.launch))(runs, states)
     states, slots = _dispatch(runs, states, was_occupied, shapes)
     old_freq = states.freq
