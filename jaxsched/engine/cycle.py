@@ -72,7 +72,9 @@ def select(
         """Per scheduler, the minimum of `key << 5 | q` over its candidate warps (`never`: none)."""
         candidate = eligible & edge
         by_q = by_scheduler(jnp.where(candidate, (key.astype(wide) << 5) | q, never), shapes)
-        return functools.reduce(jnp.minimum, [by_q[:, i] for i in range(n_q)]) if _gpu_forms() else jnp.min(by_q, axis=1)
+        if _gpu_forms():
+            return functools.reduce(jnp.minimum, [by_q[:, i] for i in range(n_q)])
+        return jnp.min(by_q, axis=1)
 
     last = per_warp(state.last, shapes)
     keys = {LRR: lambda: (q - last - 1) % n_q, GTO: lambda: jnp.where(q == last, -1, state.warps.age),
