@@ -98,11 +98,20 @@ class Launch(eqx.Module):
 
 
 def policy_index(name: str | int, known: tuple[str, ...], field: str) -> int:
+    """The index of a policy given by name or index, checked against `known`."""
     if isinstance(name, (int, np.integer)):
         check(0 <= int(name) < len(known), field, name, f"one of {known} or 0..{len(known) - 1}")
         return int(name)
     check(name in known, field, name, f"one of {known}")
     return known.index(name)
+
+
+def policy_indices(indices: np.ndarray, known: tuple[str, ...], field: str) -> np.ndarray:
+    """`policy_index` for a batch's integer indices: every one checked against `known` (an
+    index past them would run as some other policy), the bad ones named together."""
+    bad = [int(p) for p in np.unique(indices) if not 0 <= p < len(known)]
+    check(not bad, field, bad, f"indices 0..{len(known) - 1} into {known}")
+    return indices
 
 
 def shapes_for(arch: Arch, kernel: Kernel) -> Shapes:

@@ -167,8 +167,8 @@ def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: st
     """`simulate` with `reference.simulate`'s arguments, as one configuration of a batch padded to
     the largest static sizes the strategies draw (every CTA slot of the chip, `MAX_GRID` CTAs,
     the DVFS step and the closed loop's learning compiled in): a kernel's sizes otherwise follow
-    its occupancy and grid, and every hypothesis example would compile anew. A larger grid pads to its power of two, so
-    that the few examples with one share a handful of compilations."""
+    its occupancy and grid, and every hypothesis example would compile anew. A larger grid pads
+    to its power of two, so that the few examples with one share a handful of compilations."""
     grid = sum(int(k.grid_ctas) for k in kernel.kernels) if isinstance(kernel, js.Workload) else int(kernel.grid_ctas)
     grid = MAX_GRID if grid <= MAX_GRID else 1 << (grid - 1).bit_length()
     batch = simulate_batch([arch], [kernel], [clocks], [WARP_POLICIES.index(warp_policy)],

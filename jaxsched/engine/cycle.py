@@ -41,7 +41,9 @@ def _gpu_forms() -> bool:
     slot, and each scheduler's minimum key as a chain of elementwise minima rather than a
     reduction. On the CPU each scatter is a kernel of its own that costs as much as the select,
     and the chain, fused into each of its consumers, is recomputed there: the whole run took 2.3x
-    as long (benchmarks/RESULTS.md, sessions 12 and 16). Results do not depend on it."""
+    as long (benchmarks/RESULTS.md, sessions 12 and 16). Likewise the selected warps' fields are
+    read by a gather off the CPU and by a masked sum on it (`_of_selected`, session 20). Results
+    do not depend on it."""
     return jax.default_backend() != "cpu"
 
 

@@ -26,8 +26,8 @@ from ..clocks import Clocks
 from ..dvfs import MODES, Dvfs, off, validate_dvfs
 from ..errors import check
 from ..kernel import Kernel
-from ..lower import (DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, policy_index, shapes_for,
-                     validate, validate_dispatch)
+from ..lower import (DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, policy_index, policy_indices,
+                     shapes_for, validate, validate_dispatch)
 from ..workload import Workload
 from .devices import default_devices, mesh_of, sharded
 from .dispatch import variation_tables
@@ -476,9 +476,8 @@ def simulate_batch(
           "an integer in 1 .. 2^31 - 1, or None")
     chunk = default_chunk(shapes) if chunk is None else int(chunk)
     as_i32 = lambda v: np.broadcast_to(np.asarray(v, dtype=np.int32), (n,))  # noqa: E731
-    for field, given, known in (("warp_policy", warp_policy, WARP_POLICIES), ("dispatch", dispatch, DISPATCH_POLICIES)):
-        bad = [int(p) for p in np.unique(as_i32(given)) if not 0 <= p < len(known)]
-        check(not bad, field, bad, f"indices 0..{len(known) - 1} into {known}")
+    warp_policy = policy_indices(as_i32(warp_policy), WARP_POLICIES, "warp_policy")
+    dispatch = policy_indices(as_i32(dispatch), DISPATCH_POLICIES, "dispatch")
     weights = [None] * n if dispatch_weight is None else list(dispatch_weight)
     alphas = np.broadcast_to(np.asarray(ema_alpha, dtype=np.float32), (n,))
     priors = np.broadcast_to(np.asarray(ema_prior_ns, dtype=np.float32), (n,))

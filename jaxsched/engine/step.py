@@ -52,6 +52,12 @@ def start(run: Run, shapes: Shapes) -> State:
                                launch_credit=jnp.full_like(state.launch_credit, launch.launch_idle_cycles))
 
 
+def _batch_of_one(runs: Run) -> bool:
+    """Whether the batch holds one configuration (the CPU's chunk): its loop ends with it, and
+    its warp policy is the batch's (`loop`, `cycle.select`)."""
+    return runs.launch.warp_policy.shape[0] == 1
+
+
 def running(run: Run, state: State, max_ticks: int) -> Array:
     """CTAs remain and the tick limit is not reached."""
     return (state.ctas_done < run.launch.n_ctas) & (state.tick < max_ticks)
@@ -90,9 +96,9 @@ def _dispatch(runs: Run, states: State, was_occupied: Bool[Array, "batch cta sm"
     the censored estimates, the hold and the closed loop's score are left out: at compile time
     where no configuration of the call (or of the sweep it is a chunk of) needs them
     (`Shapes.closed_loop`), else by a batch-level conditional where no configuration of the
-    batch does. They are 5 % of an H200
-    step at batch 4096, 7 % of a CPU step at 4 configurations per chunk, about 1 % at one
-    (benchmarks/RESULTS.md, session 17). Results do not depend on either."""
+    batch does. They are 5 % of an H200 step at batch 4096, 7 % of a CPU step at 4
+    configurations per chunk, about 1 % at one (benchmarks/RESULTS.md, session 17). Results do
+    not depend on either."""
     def closed(s: State) -> tuple[Array, Slots]:
         est = jax.vmap(lambda r, x, o: learn_cta_durations(x, o, r.launch))(runs, s, was_occupied)
         return est, _place(runs, dataclasses.replace(s, dispatch_est=est), shapes, True)
@@ -170,7 +176,7 @@ def step(runs: Run, states: State, shapes: Shapes) -> State:
     v = jax.vmap
     one = jnp.minimum(jnp.min(runs.launch.tick_mhz), 1)  # a traced 1 (`materialize.once`)
     was_occupied = states.cta_id >= 0
-    policy = runs.launch.warp_policy[0] if runs.launch.warp_policy.shape[0] == 1 else None  # `cycle.select`
+    policy = runs.launch.warp_policy[0] if _batch_of_one(runs) else None  # `cycle.select`
     states, looks, released = v(lambda r, s: run_tick(s, r.launch, shapes, r.launches, one, policy))(runs, states)
     states, due = v(lambda r, s: grid_barrier(s, r.launch))(runs, states)
     states, slots = _dispatch(runs, states, was_occupied, shapes)
@@ -205,7 +211,7 @@ def loop(runs: Run, shapes: Shapes, max_ticks: int, begin: State | None = None) 
     selects, and the copies that keeping both values costs, made the CPU's whole loop about 2 %
     faster and its compile about 1 s shorter (benchmarks/RESULTS.md, session 20)."""
 
-    one_config = jax.tree.leaves(runs)[0].shape[0] == 1
+    one_config = _batch_of_one(runs)
 
     def body(carry: tuple[State, Array]) -> tuple[State, Array]:
         states, n = carry
