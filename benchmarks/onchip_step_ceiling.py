@@ -57,8 +57,8 @@ def _init(seed, sms: int, sms_pad: int, fields: int) -> tuple:
 def _step(cycle, carry: tuple, fields: int, coupled: bool) -> tuple:
     """One cycle of a chip. With `coupled`, every issue joins a chip-wide queue in (SM,
     scheduler) order, as the engine's L2 and DRAM queues do, and waits for the requests before
-    it: a prefix sum across the SMs per scheduler and cycle, the one cross-SM dependence that
-    stops an SM's cycles from running apart from the others'."""
+    it: a prefix sum across the SMs in every cycle, the one cross-SM dependence that stops an SM's
+    cycles from running apart from the others'. Blocks are [16 warps, sms_pad] per scheduler."""
     ready, age, extra, issued, waiting, picked, queue = carry
     new_ready, new_age, new_extra, sels = [], [], [], []
     for s in range(SCHEDULERS):
@@ -82,7 +82,7 @@ def _step(cycle, carry: tuple, fields: int, coupled: bool) -> tuple:
     for s in range(SCHEDULERS):
         latency = LATENCY
         if coupled:
-            ahead = queue + sm_before + sum(has[:s]) if s else queue + sm_before
+            ahead = queue + sm_before + sum(has[:s])  # requests ahead in (SM, scheduler) order
             latency = LATENCY + jnp.minimum(ahead >> 6, 400)[None, :]
         new_ready.append(jnp.where(sels[s], cycle + latency, ready[s]))
     if coupled:
