@@ -182,7 +182,7 @@ def main() -> None:
     parser.add_argument("--coupled", action="store_true", help="a chip-wide queue in (SM, scheduler) order")
     parser.add_argument("--split", action="store_true", help="SMs in power-of-two column groups, no padding")
     parser.add_argument("--num-warps", type=int, default=8, help="CUDA warps per Triton program")
-    parser.add_argument("--check", action="store_true", help="compare with dense_step_ceiling.py and stop")
+    parser.add_argument("--check", action="store_true", help="compare with the dense step and the XLA twin, and stop")
     args = parser.parse_args()
     if args.check:
         print(json.dumps(check(args.batch, args.sms, args.steps, args.fields, args.coupled, args.split)))
