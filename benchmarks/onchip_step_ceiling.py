@@ -28,6 +28,7 @@ import argparse
 import functools
 import json
 import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +43,18 @@ PER_SCHEDULER = WARPS // SCHEDULERS
 BIG = np.iinfo(np.int32).max
 
 
+class _Group(NamedTuple):
+    """A column group's state: per scheduler, its warps' ready cycles and ages ([16, width]
+    each), the extra fields (scheduler-major), and the per-SM counters ([width])."""
+
+    ready: tuple
+    age: tuple
+    extra: tuple
+    issued: jax.Array
+    waiting: jax.Array
+    picked: jax.Array
+
+
 def column_groups(sms: int, split: bool) -> list[int]:
     """Widths of the column blocks that hold a chip's SMs: one padded power of two, or with
     `split` the powers of two that sum to `sms` (132 = 128 + 4), so that no column is padding."""
@@ -50,7 +63,7 @@ def column_groups(sms: int, split: bool) -> list[int]:
     return [1 << b for b in reversed(range(sms.bit_length())) if sms >> b & 1]
 
 
-def _init(seed, width: int, live: int, fields: int) -> tuple:
+def _init(seed, width: int, live: int, fields: int) -> _Group:
     """A column group's state at cycle 0, `live` of its `width` columns being SMs. Slot
     w = 4 q + s is warp q of scheduler s, as in `dense_step_ceiling.py`; each scheduler's warps
     are a [16, width] block."""
@@ -60,7 +73,7 @@ def _init(seed, width: int, live: int, fields: int) -> tuple:
     ready = tuple(jnp.where(on, (w * 7 + seed) % 5, BIG) for w in slots)  # padding never issues
     extra = tuple(w * (f + 1) for w in slots for f in range(fields))
     zeros = jnp.zeros((width,), jnp.int32)
-    return ready, tuple(slots), extra, zeros, zeros, zeros
+    return _Group(ready, tuple(slots), extra, zeros, zeros, zeros)
 
 
 def _chip(seed, sms: int, groups: list[int], fields: int) -> tuple:
@@ -96,8 +109,8 @@ def _step(cycle, chip: tuple, fields: int, coupled: bool) -> tuple:
     that stops an SM's cycles from running apart from the others'."""
     *groups, queue = chip
     out, ahead_of_group = [], queue
-    for ready, age, extra, issued, waiting, picked in groups:
-        sels, age, extra, waiting, picked = _select(ready, age, extra, waiting, picked, cycle, fields)
+    for g in groups:
+        sels, age, extra, waiting, picked = _select(g.ready, g.age, g.extra, g.waiting, g.picked, cycle, fields)
         has = [jnp.max(sel.astype(jnp.int32), axis=0) for sel in sels]  # [width] per scheduler
         per_sm = sum(has)
         new_ready = []
@@ -108,8 +121,8 @@ def _step(cycle, chip: tuple, fields: int, coupled: bool) -> tuple:
             latency = LATENCY
             if coupled:  # requests ahead in (SM, scheduler) order
                 latency = LATENCY + jnp.minimum((sm_ahead + sum(has[:s])) >> 6, 400)[None, :]
-            new_ready.append(jnp.where(sels[s], cycle + latency, ready[s]))
-        out.append((tuple(new_ready), age, extra, issued + per_sm, waiting, picked))
+            new_ready.append(jnp.where(sels[s], cycle + latency, g.ready[s]))
+        out.append(_Group(tuple(new_ready), age, extra, g.issued + per_sm, waiting, picked))
     if coupled:
         queue = jnp.maximum(ahead_of_group - 256, 0)
     return tuple(out) + (queue,)
@@ -119,7 +132,7 @@ def _run(seed, sms: int, groups: list[int], steps: int, fields: int, coupled: bo
     """A chip's `steps` cycles: per column group, the issued instructions per SM ([width]) and
     the other counters folded into one array."""
     chip = jax.lax.fori_loop(0, steps, lambda c, x: _step(c, x, fields, coupled), _chip(seed, sms, groups, fields))
-    return [g[3] for g in chip[:-1]], [g[4] ^ g[5] for g in chip[:-1]]
+    return [g.issued for g in chip[:-1]], [g.waiting ^ g.picked for g in chip[:-1]]
 
 
 def _kernel(*refs, steps: int, sms: int, groups: list[int], fields: int, coupled: bool):
