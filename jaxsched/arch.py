@@ -17,7 +17,7 @@ import equinox as eqx
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from .errors import check
+from .errors import INT32_MAX, check, check_bools, check_floats, check_ints
 from .isa import N_OPS, OP_NAMES
 
 # Supported shared-memory carveout sizes are padded to this length (CC 9.0 has 10 sizes).
@@ -62,6 +62,19 @@ _FLOAT_FIELDS = (
     "graph_gap_ns",
     "clock_step_mhz",
 )
+
+# (low, high, unit) of the positive float fields: the lowering's integer units stay inside int32
+# (a latency of 1e6 ns is 1e7 ticks at 10 GHz; a queue cost of 4096 B at 1 B/ns is 4e7)
+_FLOAT_RANGES = {
+    "l2_hit_latency_ns": (0, 1e6, "ns"),
+    "dram_latency_ns": (0, 1e6, "ns"),
+    "l2_bytes_per_ns": (1, 1e7, "B/ns"),
+    "dram_bytes_per_ns": (1, 1e7, "B/ns"),
+    "base_clock_ghz": (0, 10, "GHz"),
+    "boost_clock_ghz": (0, 10, "GHz"),
+    "power_limit_w": (0, 1e5, "W"),
+    "clock_step_mhz": (0, 1000, "MHz"),
+}
 
 
 def _is_concrete(x: object) -> bool:
@@ -200,6 +213,28 @@ def pad_carveouts(sizes_kib: object) -> np.ndarray:
 
 def validate(arch: Arch) -> None:
     """Check an architecture's internal consistency; raise `JaxschedError` naming the field."""
+    for key in _INT_FIELDS:
+        if key in _INT_FIELDS_ZERO_OK:
+            check_ints(getattr(arch, key), key, 0, 1_000_000, "must be in [0, 1e6] (0: off)")
+        else:
+            check_ints(getattr(arch, key), key, 1, INT32_MAX, "must be a positive integer")
+    check_ints(arch.max_blocks_per_sm, "max_blocks_per_sm", 1, 1024, "CTA slots per SM in 1 .. 1024")
+    for key in _FLOAT_FIELDS:
+        if key == "cta_launch_ns":
+            check_floats(getattr(arch, key), key, 0, 1e5, "a CTA launch latency in [0, 1e5] ns")
+        elif key in ("launch_api_ns", "launch_gap_ns", "graph_api_ns", "graph_gap_ns"):
+            check_floats(getattr(arch, key), key, 0, 1e6, "a kernel launch overhead in [0, 1e6] ns")
+        else:
+            low, high, unit = _FLOAT_RANGES[key]
+            check_floats(getattr(arch, key), key, low, high, f"a finite number in ({low:g}, {high:g}] {unit}",
+                         low_open=low == 0)
+    for key in ("sm_gpc", "sm_tpc"):
+        check_ints(getattr(arch, key), key, 0, INT32_MAX, "an index >= 0", rank=1)
+    check_floats(arch.sm_xy_mm, "sm_xy_mm", -1e4, 1e4, "finite positions in mm", rank=2)
+    check_floats(arch.die_mm, "die_mm", 0, 1e4, "a finite die size in mm", rank=1, low_open=True)
+    check_bools(arch.sm_enabled, "sm_enabled", rank=1)
+    check_ints(arch.dispatch_order, "dispatch_order", 0, INT32_MAX, "a permutation of the SM slots", rank=1)
+    check_ints(arch.smem_carveout_kib, "smem_carveout_kib", 0, 2**20, "shared-memory sizes in KiB", rank=1)
     n = arch.sm_enabled.shape[-1]
     for key in ("sm_gpc", "sm_tpc", "dispatch_order"):
         shape = np.shape(getattr(arch, key))
@@ -226,20 +261,6 @@ def validate(arch: Arch) -> None:
         members = np.flatnonzero(tpc == t)
         check(len(members) <= 2, "sm_tpc", int(t), "a TPC holds at most 2 SMs")
         check(len(set(gpc[members])) == 1, "sm_gpc", gpc[members].tolist(), f"TPC {t} spans GPCs")
-    for key in _INT_FIELDS:
-        value = int(getattr(arch, key))
-        if key in _INT_FIELDS_ZERO_OK:
-            check(0 <= value <= 1_000_000, key, value, "must be in [0, 1e6] (0: off)")
-        else:
-            check(value > 0, key, value, "must be positive")
-    for key in _FLOAT_FIELDS:
-        value = float(getattr(arch, key))
-        if key == "cta_launch_ns":
-            check(0 <= value <= 1e5, key, value, "a CTA launch latency in [0, 1e5] ns")
-        elif key in ("launch_api_ns", "launch_gap_ns", "graph_api_ns", "graph_gap_ns"):
-            check(0 <= value <= 1e6, key, value, "a kernel launch overhead in [0, 1e6] ns")
-        else:
-            check(np.isfinite(value) and value > 0, key, value, "must be a positive finite number")
     check(
         int(arch.max_threads_per_sm) % arch.warp_size == 0,
         "max_threads_per_sm",
@@ -270,8 +291,8 @@ def validate(arch: Arch) -> None:
     for key in ("latency_cycles", "issue_cycles"):
         arr = np.asarray(getattr(arch, key))
         check(arr.shape == (N_OPS,), key, arr.tolist(), f"one entry per op class {OP_NAMES}")
-        check(bool(np.all(np.isfinite(arr) & (arr >= 1) & (arr <= 1e4))), key, arr.tolist(),
-              "every entry a number of cycles in [1, 1e4]")
+    check_ints(arch.latency_cycles, "latency_cycles", 1, 10_000, "every entry a number of cycles in [1, 1e4]", rank=1)
+    check_floats(arch.issue_cycles, "issue_cycles", 1, 1e4, "every entry a number of cycles in [1, 1e4]", rank=1)
     check(
         float(arch.base_clock_ghz) <= float(arch.boost_clock_ghz),
         "base_clock_ghz",

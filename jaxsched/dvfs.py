@@ -19,7 +19,7 @@ from jaxtyping import Array, Float, Int
 
 from .arch import Arch
 from .clocks import MAX_MHZ
-from .errors import check
+from .errors import INT32_MAX, INT32_MIN, check, check_floats, check_ints, check_values, is_traced
 from .isa import Op
 
 MODES = ("off", "dvfs", "lock")
@@ -63,7 +63,11 @@ class Dvfs(eqx.Module):
     seed: Int[Array, ""]  # seeds the sensor noise
     trace_every: Int[Array, ""]  # record every n-th sample in the clock trace
 
+    def __check_init__(self) -> None:
+        validate_dvfs(self)
+
     def replace(self, **changes: object) -> "Dvfs":
+        """A copy with some fields changed (validated)."""
         return dataclasses.replace(self, **changes)
 
 
@@ -127,6 +131,8 @@ def default(arch: Arch, mode: str = "dvfs", **overrides: object) -> Dvfs:
             check(v in known, f"dvfs.{name}", v, f"one of {known}")
             values[name] = known.index(v)
     ints = ("mode", "clock_domain", "thermal_domain", "seed", "trace_every")
+    for k in ints:
+        check_ints(values[k], f"dvfs.{k}", INT32_MIN, INT32_MAX)
     return Dvfs(**{k: (np.asarray(v, np.int32) if k in ints else _f32(v)) for k, v in values.items()})
 
 
@@ -142,43 +148,51 @@ def locked(arch: Arch, mhz: float) -> Dvfs:
 
 
 def validate_dvfs(d: Dvfs) -> None:
-    """Raise `JaxschedError` naming the bad field (concrete parameters only)."""
-    v = {f.name: np.asarray(getattr(d, f.name)) for f in dataclasses.fields(d)}
-    s = {k: float(f"{float(x):.6g}") for k, x in v.items() if x.ndim == 0}
-
-    def need(ok: bool, name: str, limit: str) -> None:
-        check(bool(ok), f"dvfs.{name}", s.get(name, v[name].tolist()), limit)
-
-    need(0 <= s["mode"] < len(MODES), "mode", f"one of {MODES} (0..{len(MODES) - 1})")
-    need(0 <= s["clock_domain"] < len(DOMAINS), "clock_domain", f"one of {DOMAINS}")
-    need(0 <= s["thermal_domain"] < len(DOMAINS), "thermal_domain", f"one of {DOMAINS}")
-    need(1 <= s["bin_mhz"] <= 1000, "bin_mhz", "a clock step of 1 .. 1000 MHz")
-    need(1 <= s["min_mhz"] <= s["boost_mhz"] <= MAX_MHZ, "min_mhz",
-         f"1 <= min_mhz <= boost_mhz ({s['boost_mhz']}) <= {MAX_MHZ}")
-    need(s["min_mhz"] <= s["initial_mhz"] <= s["boost_mhz"], "initial_mhz",
-         f"within [min_mhz, boost_mhz] = [{s['min_mhz']}, {s['boost_mhz']}]")
-    need(s["min_mhz"] <= s["lock_mhz"] <= s["boost_mhz"], "lock_mhz",
-         f"within [min_mhz, boost_mhz] = [{s['min_mhz']}, {s['boost_mhz']}]")
-    need(0 < s["period_us"] <= MAX_PERIOD_US, "period_us", f"in (0, {MAX_PERIOD_US:g}] us")
-    need(0 <= s["latency_us"] <= s["period_us"], "latency_us",
-         f"in [0, period_us = {s['period_us']}]: one decision in flight at a time")
-    need(0 <= s["droop_delay_us"] <= s["period_us"], "droop_delay_us", f"in [0, period_us = {s['period_us']}]")
-    need(0 <= s["phase"] < 1, "phase", "a fraction of the period in [0, 1)")
-    need(0 < s["power_cap_w"] <= 1e5, "power_cap_w", "in (0, 1e5] W")
+    """Raise `JaxschedError` naming the bad field: every parameter finite, in range and
+    representable in the engine's integer units (a stack of them is checked per configuration,
+    naming it). Traced parameters are left to the engine."""
+    f = lambda name: f"dvfs.{name}"  # noqa: E731
+    v = {field.name: getattr(d, field.name) for field in dataclasses.fields(d)}
+    check_ints(v["mode"], f("mode"), 0, len(MODES) - 1, f"one of {MODES} (0 .. {len(MODES) - 1})")
+    for name in ("clock_domain", "thermal_domain"):
+        check_ints(v[name], f(name), 0, len(DOMAINS) - 1, f"one of {DOMAINS} (0 .. {len(DOMAINS) - 1})")
+    check_ints(v["seed"], f("seed"), INT32_MIN, INT32_MAX, "a 32-bit integer")
+    check_ints(v["trace_every"], f("trace_every"), 1, 2**20, "in 1 .. 2^20 samples")
+    check_floats(v["bin_mhz"], f("bin_mhz"), 1, 1000, "a clock step of 1 .. 1000 MHz")
+    for name in ("boost_mhz", "min_mhz", "initial_mhz", "lock_mhz"):
+        check_floats(v[name], f(name), 1, MAX_MHZ, f"a clock in 1 .. {MAX_MHZ} MHz")
+    for name in ("period_us", "tau_us"):
+        check_floats(v[name], f(name), 0, MAX_PERIOD_US, f"in (0, {MAX_PERIOD_US:g}] us (int32 ticks at 10 GHz)",
+                     low_open=True)
+    for name in ("latency_us", "droop_delay_us"):
+        check_floats(v[name], f(name), 0, MAX_PERIOD_US, f"in [0, period_us]")
+    check_floats(v["phase"], f("phase"), 0, 1, "a fraction of the period in [0, 1)")
+    check_floats(v["power_cap_w"], f("power_cap_w"), 0, 1e5, "in (0, 1e5] W", low_open=True)
     for name in ("uncore_w", "leak_w", "noise_w", "droop_mhz_per_w"):
-        need(0 <= s[name] <= 1e5, name, "in [0, 1e5]")
-    need(-1 <= s["leak_per_k"] <= 1, "leak_per_k", "a relative change per kelvin in [-1, 1]")
+        check_floats(v[name], f(name), 0, 1e5, "in [0, 1e5]")
+    check_floats(v["leak_per_k"], f("leak_per_k"), -1, 1, "a relative change per kelvin in [-1, 1]")
     for name in ("ambient_c", "initial_temp_c", "thermal_limit_c"):
-        need(-50 <= s[name] <= 300, name, "a temperature in [-50, 300] C")
-    need(0 <= s["thermal_hysteresis_c"] <= 100, "thermal_hysteresis_c", "in [0, 100] K")
-    need(0 <= s["r_th_k_per_w"] <= 1e4, "r_th_k_per_w", "in [0, 1e4] K/W")
-    need(0 < s["tau_us"] <= MAX_PERIOD_US, "tau_us", f"in (0, {MAX_PERIOD_US:g}] us (int32 ticks at 10 GHz)")
-    need(0 < s["v_min_mv"] <= s["v_max_mv"] <= 5000, "v_min_mv",
-         f"0 < v_min_mv <= v_max_mv ({s['v_max_mv']}) <= 5000")
-    need(v["energy_pj"].shape == (len(Op),), "energy_pj", f"one energy per isa.Op class ({len(Op)},)")
-    need(np.all((v["energy_pj"] >= 0) & (v["energy_pj"] <= 1e6)), "energy_pj", "each in [0, 1e6] pJ")
-    need(0 <= s["cycle_energy_pj"] <= 1e6, "cycle_energy_pj", "in [0, 1e6] pJ")
-    need(1 <= s["trace_every"] <= 2**20, "trace_every", "in 1 .. 2^20 samples")
+        check_floats(v[name], f(name), -50, 300, "a temperature in [-50, 300] C")
+    check_floats(v["thermal_hysteresis_c"], f("thermal_hysteresis_c"), 0, 100, "in [0, 100] K")
+    check_floats(v["r_th_k_per_w"], f("r_th_k_per_w"), 0, 1e4, "in [0, 1e4] K/W")
+    for name in ("v_min_mv", "v_max_mv"):
+        check_floats(v[name], f(name), 0, 5000, "in (0, 5000] mV", low_open=True)
+    check_floats(v["energy_pj"], f("energy_pj"), 0, 1e6, "each in [0, 1e6] pJ", rank=1)
+    check_floats(v["cycle_energy_pj"], f("cycle_energy_pj"), 0, 1e6, "in [0, 1e6] pJ")
+    if any(is_traced(x) for x in v.values()):
+        return
+    a = {k: np.asarray(x, np.float64) for k, x in v.items()}
+    check(np.shape(v["energy_pj"])[-1:] == (len(Op),), f("energy_pj"), f"shape {np.shape(v['energy_pj'])}",
+          f"one energy per isa.Op class ({len(Op)},)")
+    check_values(a["min_mhz"], f("min_mhz"), lambda m: m <= a["boost_mhz"], "min_mhz <= boost_mhz")
+    for name in ("initial_mhz", "lock_mhz"):
+        check_values(a[name], f(name), lambda x: (x >= a["min_mhz"]) & (x <= a["boost_mhz"]),
+                     "within [min_mhz, boost_mhz]")
+    for name in ("latency_us", "droop_delay_us"):
+        check_values(a[name], f(name), lambda x: x <= a["period_us"],
+                     "at most period_us: one decision in flight at a time")
+    check_values(a["phase"], f("phase"), lambda p: p < 1, "a fraction of the period in [0, 1)")
+    check_values(a["v_min_mv"], f("v_min_mv"), lambda x: x <= a["v_max_mv"], "v_min_mv <= v_max_mv")
 
 
 class DvfsLaunch(eqx.Module):

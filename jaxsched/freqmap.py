@@ -161,8 +161,10 @@ def from_file(arch: Arch, path: str | os.PathLike) -> Float[Array, " sm"]:
         else:
             values = np.loadtxt(path, delimiter=",", comments="#", ndmin=1)
         values = np.ravel(np.asarray(values, dtype=np.float64))
-    except ValueError as err:
+    except (ValueError, UnicodeDecodeError) as err:
         check(False, "freqmap.path", path, f"numbers only ({err})")
+    except OSError as err:
+        check(False, "freqmap.path", path, f"cannot be read ({err})")
     n, k = arch.n_sm_slots, arch.sm_count
     check(len(values) in (n, k), "freqmap.path", f"{path}: {len(values)} values",
           f"one per SM slot ({n}) or one per enabled SM ({k})")

@@ -40,10 +40,15 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from . import tomldoc
-from .errors import JaxschedError, check
-from .isa import OP_NAMES, Op
+from .errors import (INT32_MAX, INT32_MIN, JaxschedError, check, check_bools, check_floats, check_ints, check_rows,
+                     check_values, is_traced)
+from .isa import N_OPS, OP_NAMES, Op
 
 _NO = -1  # "no loop" / "no branch" marker in the program's structure fields
+MAX_TRIPS = 2**24 - 1  # trip counts share a 32-bit word with the if-lanes (engine.dispatch.Variation)
+MAX_LDG_BYTES = 4096
+MAX_GRID_SYNC_NS = 1e6
+MAX_WORK_ITEMS = 2**30 - 1
 
 
 class Kernel(eqx.Module):
@@ -85,12 +90,83 @@ class Kernel(eqx.Module):
     grid_sync_ns: Float[Array, ""]  # cost of one grid.sync() after the last warp arrives
     work_items: Int[Array, ""]  # persistent kernel: global work-queue length (0: off)
 
+    def __check_init__(self) -> None:
+        validate_kernel(self)
+
     @property
     def n_instr(self) -> int:
         return int(self.op.shape[-1])
 
     def replace(self, **changes: object) -> "Kernel":
+        """A copy with some fields changed (validated)."""
         return dataclasses.replace(self, **changes)
+
+
+def validate_kernel(kernel: Kernel, where: str = "kernel") -> None:
+    """Check every field of a kernel (or of a stack of them, naming the configuration): integers
+    in range and representable in the engine's int32, finite probabilities and costs, a legal
+    program structure (docs/model.md section 6). Traced fields are left to the engine's guards.
+    Raises `JaxschedError` naming the field."""
+    f = lambda name: f"{where}.{name}"  # noqa: E731
+    for name, low in (("grid_ctas", 1), ("threads_per_cta", 1), ("regs_per_thread", 0),
+                      ("dynamic_smem_bytes", 0), ("static_smem_bytes", 0)):
+        check_ints(getattr(kernel, name), f(name), low, INT32_MAX)
+    check_ints(kernel.seed, f("seed"), INT32_MIN, INT32_MAX, "a 32-bit integer")
+    for name in ("trips", "trips_cta_spread", "trips_warp_spread"):
+        check_ints(getattr(kernel, name), f(name), 0, MAX_TRIPS)
+    for name in ("loop_start", "loop_end", "branch_start", "branch_mid", "branch_end"):
+        check_ints(getattr(kernel, name), f(name), _NO, INT32_MAX, "an instruction index, or -1 (none)")
+    check_ints(kernel.work_items, f("work_items"), 0, MAX_WORK_ITEMS,
+               f"a queue length in 0 .. {MAX_WORK_ITEMS} (0: not persistent)")
+    check_floats(kernel.branch_if_probability, f("branch_if_probability"), 0.0, 1.0,
+                 "a lane probability in [0, 1]")
+    check_floats(kernel.l2_hit_rate, f("l2_hit_rate"), 0.0, 1.0, "a fraction in [0, 1]")
+    check_floats(kernel.grid_sync_ns, f("grid_sync_ns"), 0.0, MAX_GRID_SYNC_NS,
+                 f"a barrier cost in [0, {MAX_GRID_SYNC_NS:g}] ns")
+    check_bools(kernel.cooperative, f("cooperative"))
+    for name in ("dep", "grid_sync"):
+        check_bools(getattr(kernel, name), f(name), rank=1)
+    check_ints(kernel.op, f("op"), 0, N_OPS - 1, f"an instruction class 0 .. {N_OPS - 1} (isa.Op)", rank=1)
+    check_ints(kernel.bank_ways, f("bank_ways"), 1, 32, "bank-conflict ways in 1 .. 32", rank=1)
+    check_ints(kernel.bytes_per_warp, f("bytes_per_warp"), 0, MAX_LDG_BYTES, rank=1)
+    leaves = (kernel.op, kernel.dep, kernel.bytes_per_warp, kernel.bank_ways, kernel.grid_sync, kernel.trips,
+              kernel.trips_cta_spread, kernel.trips_warp_spread, kernel.loop_start, kernel.loop_end,
+              kernel.branch_start, kernel.branch_mid, kernel.branch_end)
+    if any(is_traced(x) for x in leaves):
+        return
+    op = np.asarray(kernel.op)
+    n = op.shape[-1]
+    for name in ("dep", "bytes_per_warp", "bank_ways", "grid_sync"):
+        shape = np.shape(getattr(kernel, name))
+        check(shape == op.shape, f(name), f"shape {shape}", f"one entry per instruction, as op {op.shape}")
+    check(n >= 2, f("op"), f"{n} instructions", "a program needs an instruction and its exit")
+    check_values(kernel.bytes_per_warp, f("bytes_per_warp"), lambda b: (b >= 1) | (op != Op.LDG),
+                 f"ldg bytes per warp in 1 .. {MAX_LDG_BYTES}", rank=1)
+    longest = (np.asarray(kernel.trips, np.int64) + np.asarray(kernel.trips_cta_spread, np.int64)
+               + np.asarray(kernel.trips_warp_spread, np.int64))
+    check_values(longest, f("trips"), lambda t: t <= MAX_TRIPS,
+                 f"trips + cta_spread + warp_spread <= {MAX_TRIPS} (the longest warp's trip count)")
+    is_exit = op == Op.EXIT
+    exit_at = np.where(is_exit.any(-1), np.argmax(is_exit, -1), n)
+    tail = np.arange(n) >= exit_at[..., None]
+    check_rows(op, np.all(~tail | is_exit, -1) & (exit_at < n), f("op"),
+               "the program ends in exit (op 7), and only exits follow the first one", rank=1)
+    i = lambda name: np.asarray(getattr(kernel, name), np.int64)  # noqa: E731
+    ls, le, bs, bm, be = i("loop_start"), i("loop_end"), i("branch_start"), i("branch_mid"), i("branch_end")
+    no_loop = (ls == _NO) & (le == _NO)
+    check_rows(np.stack([ls, le], -1), no_loop | ((0 <= ls) & (ls <= le) & (le < exit_at)),
+               f"{where}.(loop_start, loop_end)", "0 <= loop_start <= loop_end before the exit, or both -1 (no loop)",
+               rank=1)
+    no_branch = (bs == _NO) & (bm == _NO) & (be == _NO)
+    check_rows(np.stack([bs, bm, be], -1), no_branch | ((0 <= bs) & (bs < bm) & (bm < be) & (be <= exit_at)),
+               f"{where}.(branch_start, branch_mid, branch_end)",
+               "0 <= branch_start < branch_mid < branch_end <= the exit, or all -1 (no if/else)", rank=1)
+    inside = (ls <= bs) & (be - 1 < le)
+    outside = (be <= ls) | (bs > le)
+    check_rows(np.stack([ls, le, bs, bm, be], -1), no_loop | no_branch | inside | outside,
+               f"{where}.(loop_start, loop_end, branch_start, branch_mid, branch_end)",
+               "the if/else lies wholly inside or outside the loop, and does not end on its last instruction",
+               rank=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,11 +286,11 @@ def _args(words: list[str], where: str, keys: tuple[str, ...], positional: bool 
             k, v = w.split("=", 1)
             check(k in keys, where, k, f"unknown option; expected one of {keys}")
             opts[k] = int(_number(v, where, int))
-            check(opts[k] >= 0, where, w, "must be >= 0")
+            check(0 <= opts[k] <= MAX_TRIPS, where, w, f"must be in 0 .. {MAX_TRIPS}")
         else:
             check(positional and pos is None, where, w, "unexpected word")
             pos = int(_number(w, where, int))
-            check(pos >= 0, where, w, "the trip count must be >= 0")
+            check(0 <= pos <= MAX_TRIPS, where, w, f"a trip count in 0 .. {MAX_TRIPS}")
     if positional:
         check(pos is not None, where, " ".join(words), "`loop N` needs a trip count")
     return pos, opts

@@ -17,11 +17,12 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from .arch import ISSUE_UNITS_PER_CYCLE, Arch
-from .clocks import Clocks
+from .arch import validate as validate_arch
+from .clocks import Clocks, lengths_hint, validate_clocks
 from .dvfs import Dvfs, DvfsLaunch, lower_dvfs, off, tick_mhz as reachable_tick_mhz
-from .errors import JaxschedError, check
+from .errors import INT32_MAX, INT32_MIN, JaxschedError, check, check_floats, check_ints, check_values
 from .isa import Op
-from .kernel import Kernel
+from .kernel import Kernel, validate_kernel
 from .occupancy import check_launch, occupancy
 
 QUEUE_ONE_TICK = 1024  # memory-queue backlog is kept in 1/1024 of a tick
@@ -137,7 +138,15 @@ def cta_slots_for(arch: Arch, kernel: Kernel) -> int:
 
 
 def validate(arch: Arch, kernel: Kernel, clocks: Clocks) -> None:
-    """Raise `JaxschedError` for a configuration that cannot run (concrete inputs only)."""
+    """Raise `JaxschedError` for a configuration that cannot run (concrete inputs only). Every
+    field is checked again here, where a configuration enters the engine: a value set with
+    `eqx.tree_at` (which skips the modules' own checks) is caught too."""
+    check(isinstance(arch, Arch), "arch", type(arch).__name__, "a jaxsched.Arch")
+    check(isinstance(kernel, Kernel), "kernel", type(kernel).__name__, "a jaxsched.Kernel")
+    check(isinstance(clocks, Clocks), "clocks", type(clocks).__name__, "a jaxsched.Clocks")
+    validate_arch(arch)
+    validate_kernel(kernel)
+    validate_clocks(arch, clocks)
     check_launch(arch, kernel.threads_per_cta, kernel.regs_per_thread,
                  kernel.dynamic_smem_bytes, kernel.static_smem_bytes)
     occ = occupancy(arch, kernel.threads_per_cta, kernel.regs_per_thread,
@@ -154,9 +163,6 @@ def validate(arch: Arch, kernel: Kernel, clocks: Clocks) -> None:
     check(int(kernel.grid_ctas) >= 1, "grid_ctas", int(kernel.grid_ctas), "at least 1")
     check(int(arch.max_threads_per_sm) // arch.warp_size <= 127, "max_threads_per_sm",
           int(arch.max_threads_per_sm), "the engine counts at most 127 warp slots per SM")
-    check(int(kernel.trips) + int(kernel.trips_warp_spread) < 2**24, "trips", int(kernel.trips), "< 2^24")
-    f = np.asarray(clocks.sm_freq_mhz)
-    check(f.shape == (arch.n_sm_slots,), "clocks.sm_freq_mhz", f.shape, f"({arch.n_sm_slots},)")
     bars = np.asarray(kernel.op) == Op.BAR
     grid_bars = bars & np.asarray(kernel.grid_sync)
     if grid_bars.any():
@@ -174,16 +180,18 @@ def validate(arch: Arch, kernel: Kernel, clocks: Clocks) -> None:
 
 
 def validate_dispatch(arch: Arch, weights: object, ema_alpha: float, ema_prior_ns: float) -> None:
-    """Raise `JaxschedError` for bad dispatch parameters (concrete inputs only)."""
+    """Raise `JaxschedError` for bad dispatch parameters (concrete inputs only). `weights` has
+    one integer per SM slot (`clocks.per_slot`: per enabled SM is expanded before this)."""
     if weights is not None:
         w = np.asarray(weights)
-        check(w.shape == (arch.n_sm_slots,), "dispatch_weight", f"shape {w.shape}",
-              f"one integer weight per SM slot ({arch.n_sm_slots},)")
+        check(w.shape == (arch.n_sm_slots,), "dispatch_weight", f"{w.size} entries",
+              f"needs {lengths_hint(arch)}")
         enabled = np.asarray(arch.sm_enabled)
-        check(bool(np.all((w[enabled] >= 1) & (w[enabled] <= 2**15))), "dispatch_weight",
-              w[enabled].min(), "every enabled SM needs a weight in 1 .. 32768")
-    check(0.0 <= float(ema_alpha) <= 1.0, "ema_alpha", ema_alpha, "a smoothing factor in [0, 1]")
-    check(0.0 <= float(ema_prior_ns) < 1e8, "ema_prior_ns", ema_prior_ns, "in [0, 1e8) ns")
+        check_ints(w, "dispatch_weight", INT32_MIN, INT32_MAX, "integer weights", rank=1)
+        check_values(w, "dispatch_weight", lambda v: ~enabled | ((v >= 1) & (v <= 2**15)),
+                     "every enabled SM needs a weight in 1 .. 32768", rank=1)
+    check_floats(ema_alpha, "ema_alpha", 0.0, 1.0, "a smoothing factor in [0, 1]")
+    check_floats(ema_prior_ns, "ema_prior_ns", 0.0, 1e8, "in [0, 1e8] ns")
 
 
 def _round_i32(x: Array) -> Array:

@@ -24,7 +24,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
 from .arch import Arch
-from .errors import JaxschedError
+from .errors import INT32_MAX, INT32_MIN, JaxschedError
 
 # cuda_occupancy.h uses INT_MAX for "this resource sets no limit".
 NO_LIMIT = np.iinfo(np.int32).max
@@ -228,6 +228,12 @@ def check_launch(
     for name, arr in (("threads_per_block", t), ("regs_per_thread", r),
                       ("dynamic_smem_bytes", d), ("static_smem_bytes", s),
                       ("carveout_percent", c), ("block_barriers", b)):
+        if arr.dtype == object or arr.dtype.kind not in "iuf":
+            raise JaxschedError(name, arr.tolist() if arr.ndim == 0 else f"dtype {arr.dtype}",
+                                "an integer in -2^31 .. 2^31 - 1")
+        if np.any((arr < INT32_MIN) | (arr > INT32_MAX)):
+            raise JaxschedError(name, _first(arr, (arr < INT32_MIN) | (arr > INT32_MAX)),
+                                "an integer in -2^31 .. 2^31 - 1")
         if not np.issubdtype(arr.dtype, np.integer):
             if not np.all(np.equal(np.mod(arr, 1), 0)):
                 raise JaxschedError(name, _first(arr, ~np.equal(np.mod(arr, 1), 0)), "must be an integer")

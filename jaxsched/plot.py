@@ -35,6 +35,7 @@ import xarray as xr  # noqa: E402
 from matplotlib.collections import PatchCollection  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
+from . import tomldoc  # noqa: E402
 from .errors import JaxschedError, check  # noqa: E402
 from .sweep_design import CONFIG_DIM, design_coords  # noqa: E402
 
@@ -274,7 +275,7 @@ def load_trace(path: str | Path) -> dict:
     p = Path(path)
     check(p.is_file(), "trace", str(p), "no such file (write one with `jaxsched run KERNEL --json > trace.json`)")
     try:
-        doc = json.loads(p.read_text())
+        doc = json.loads(tomldoc.read_text(p, "trace"))
     except json.JSONDecodeError as exc:
         raise JaxschedError("trace", str(p), f"not JSON ({exc})") from None
     check(isinstance(doc, dict) and "cta_trace" in doc, "trace", str(p),

@@ -24,7 +24,7 @@ Spec (see `sweeps/demo.toml`, `sweeps/random_design.toml`):
 
 Swept paths (`sweep_paths`): `policy.{warp, dispatch, dispatch_start, weights, ema_alpha,
 ema_prior_ns}` (`weights`: the `weighted` policy's per-SM weights, "clocks" = each SM's clock
-in MHz or "uniform"; `ema_alpha` in [0, 1] and `ema_prior_ns` in [0, 1e8) drive
+in MHz or "uniform"; `ema_alpha` in [0, 1] and `ema_prior_ns` in [0, 1e8] drive
 `closed_loop`), `clocks.{model, mean_ghz, sigma, sigma_die, corr_length_mm, ir_drop}`,
 `kernel.{grid, threads, regs, smem_bytes, static_smem_bytes, trips, cta_spread, warp_spread,
 if_probability, l2_hit_rate, seed, threads_fixed_work}` (or the `Kernel` field names) and
@@ -188,8 +188,7 @@ class Sweep:
 
 def load(path: str | Path) -> Sweep:
     p = Path(path)
-    check(p.is_file(), "sweep spec", str(p), "no such file")
-    return loads(p.read_text(), base_dir=p.parent, source=str(p))
+    return loads(tomldoc.read_text(p, "sweep spec"), base_dir=p.parent, source=str(p))
 
 
 def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Sweep:
@@ -873,7 +872,19 @@ def _open_store(path: Path) -> xr.Dataset:
     except Exception as exc:  # noqa: BLE001
         raise JaxschedError(str(path), "unreadable", f"not a jaxsched sweep store ({type(exc).__name__}: {exc})") from None
     check("done" in ds and "chunk_shape" in ds.attrs, str(path), "a zarr store", "not a jaxsched sweep store")
+    # The consolidated metadata lists every array; a store damaged on disk may have lost one.
+    missing = [name for name in ds.variables if not (path / name / ".zarray").is_file()]
+    check(not missing, str(path), f"missing arrays {missing}",
+          "a damaged sweep store: run without --resume to start over, or use another -o")
     return ds
+
+
+def _open_netcdf(path: Path) -> xr.Dataset:
+    try:
+        return xr.open_dataset(path, engine="h5netcdf")
+    except Exception as exc:  # noqa: BLE001
+        raise JaxschedError(str(path), "unreadable", f"not a netCDF sweep result ({type(exc).__name__}: {exc})") \
+            from None
 
 
 def store_layout(ds: xr.Dataset) -> Layout:
@@ -912,7 +923,7 @@ def open_result(path: str | Path, *, partial: bool = False) -> xr.Dataset:
         p = p / STORE if (p / STORE).exists() else p / NETCDF
     check(p.exists(), "sweep result", str(path), "no such folder, .zarr store or .nc file")
     if p.is_file():
-        return xr.open_dataset(p, engine="h5netcdf")
+        return _open_netcdf(p)
     ds = _open_store(p)
     if partial:
         return ds
@@ -986,6 +997,7 @@ def execute(
     process calls this with the same arguments (see the module docstring).
     """
     out = Path(out)
+    check(not out.exists() or out.is_dir(), "-o", str(out), "exists and is not a folder: name an output folder")
     store = out / STORE
     rank, n_proc = jax.process_index(), jax.process_count()
     runner = Runner(devices, uses_dvfs(sweep), sweep.max_cta_slots, sweep.max_grid_ctas, uses_closed_loop(sweep))
@@ -1121,7 +1133,7 @@ def describe(path: str | Path) -> str:
     if p.is_dir() and p.suffix != ".zarr":
         p = p / STORE if (p / STORE).exists() else p / NETCDF
     check(p.exists(), "sweep result", str(path), "no such folder, .zarr store or .nc file")
-    ds = xr.open_dataset(p, engine="h5netcdf") if p.is_file() else _open_store(p)
+    ds = _open_netcdf(p) if p.is_file() else _open_store(p)
     a = ds.attrs
     lines = [f"{a.get('title', '')}", f"  path        : {p}", f"  made by     : {a.get('source', '?')}",
              f"  device      : {a.get('device', '?')}", f"  created     : {str(a.get('history', '?')).split(' ')[0]}",

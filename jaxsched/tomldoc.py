@@ -1,5 +1,6 @@
-"""TOML documents in, `JaxschedError` out: one place that turns a missing file or malformed TOML
-into an error naming the file (kernels, workloads, architectures, sweep and fit specs)."""
+"""TOML documents in, `JaxschedError` out: one place that turns a missing, unreadable or
+non-UTF-8 file, or malformed TOML, into an error naming the file (kernels, workloads,
+architectures, sweep and fit specs, run traces)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,18 @@ def parse(text: str, source: str) -> dict:
 
 def read(path: str | Path, what: str) -> dict:
     """The TOML document in the file `path`, a `what` ("kernel file", ...) that must exist."""
+    return parse(read_text(path, what), str(path))
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The UTF-8 text of the file `path`, a `what` that must exist and be readable."""
     p = Path(path)
     check(p.is_file(), what, str(p), "no such file")
-    return parse(p.read_text(), str(p))
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise JaxschedError(what, str(p), f"not UTF-8 text (byte {exc.start}: {exc.reason}); TOML files are UTF-8") \
+            from None
+    except OSError as exc:
+        raise JaxschedError(what, str(p), f"cannot be read ({exc.strerror})") from None
+    return text

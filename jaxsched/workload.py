@@ -21,7 +21,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from . import tomldoc
 from .arch import Arch
-from .errors import JaxschedError, check
+from .errors import JaxschedError, check, check_floats, is_traced
 from .kernel import Kernel, kernel_from_dict, load_kernel
 from .lower import ns_to_ticks
 
@@ -50,6 +50,10 @@ class Workload(eqx.Module):
     launch_gap_ns: Float[Array, ""] | None = None
     graph_api_ns: Float[Array, ""] | None = None
     graph_gap_ns: Float[Array, ""] | None = None
+
+    def __check_init__(self) -> None:
+        if all(np.ndim(k.grid_ctas) == 0 and not is_traced(k.grid_ctas) for k in self.kernels):
+            validate_structure(self)
 
     @property
     def n_launches(self) -> int:
@@ -90,8 +94,7 @@ def make_workload(
     over = {k: (None if v is None else np.float32(v)) for k, v in overheads_ns.items()}
     workload = Workload(kernels=kernels, streams=tuple(int(s) for s in streams),
                         after=tuple(tuple(int(d) for d in a) for a in after), mode=mode, **over)
-    validate_structure(workload)
-    return workload
+    return workload  # validated by Workload.__check_init__
 
 
 def validate_structure(workload: Workload) -> None:
@@ -106,9 +109,10 @@ def validate_structure(workload: Workload) -> None:
                   f"an earlier launch (0 .. {l - 1}): an event is recorded before it is waited on")
     for key in OVERHEAD_FIELDS:
         value = getattr(workload, key)
-        if value is not None and _is_concrete(value):
-            v = float(value)
-            check(0.0 <= v <= MAX_OVERHEAD_NS, f"workload.{key}", v, f"in [0, {MAX_OVERHEAD_NS:g}] ns")
+        if value is not None:
+            check_floats(value, f"workload.{key}", 0.0, MAX_OVERHEAD_NS, f"in [0, {MAX_OVERHEAD_NS:g}] ns")
+    check(all(isinstance(k, Kernel) for k in workload.kernels), "workload.kernels",
+          [type(k).__name__ for k in workload.kernels], "jaxsched.Kernel launches")
     first = workload.kernels[0]
     for l, kernel in enumerate(workload.kernels):
         if n > 1:
@@ -121,10 +125,6 @@ def validate_structure(workload: Workload) -> None:
             check(mine == theirs, f"workload.launch[{l}].{field}", mine,
                   f"equal to launch 0's ({theirs}): kernels of different CTA shapes sharing an SM "
                   "are not modelled (docs/model.md section 13)")
-
-
-def _is_concrete(x: object) -> bool:
-    return isinstance(x, (np.ndarray, np.generic, int, float))
 
 
 def overheads_ns(workload: Workload, arch: Arch) -> tuple[Array, Array]:

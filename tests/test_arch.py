@@ -415,7 +415,7 @@ BAD_TOML = {
                           ["reserved_smem_per_block_bytes", "-1"]),
     "zero latency": ('base = "h200"\n[pipes]\nlatency_cycles = {fma = 0, alu = 4, sfu = 18, '
                      'lds = 29, ldg = 39, shfl = 24, bar = 1, exit = 1}\n',
-                     ["latency_cycles", "[0, 4"]),
+                     ["latency_cycles[0]", "= 0"]),
     "base clock above boost": ('base = "h200"\n[clocks]\nbase_clock_ghz = 2.5\n',
                                ["base_clock_ghz", "2.5"]),
     "negative launch latency": ('base = "h200"\n[dispatch]\ncta_launch_ns = -1.0\n',

@@ -143,7 +143,9 @@ BAD_INPUT = {
     "malformed arch TOML (arch)": (("arch", "@BAD@"), "@BAD@", "malformed TOML"),
     "malformed arch TOML (occupancy)": (("occupancy", "--arch", "@BAD@", "--threads", "256",
                                          "--regs", "32"), "@BAD@", "malformed TOML"),
-    "clock 0": (("run", str(KERNELS / "divergent.toml"), "--clock-ghz", "0"), "sm_freq_mhz", "0"),
+    "clock 0": (("run", str(KERNELS / "divergent.toml"), "--clock-ghz", "0"), "clock_ghz", "0"),
+    "threads 1e22": ((*OCC, "--threads", "10000000000000000000000"), "threads_per_block",
+                     "10000000000000000000000"),
 }
 
 
@@ -218,3 +220,43 @@ def test_console_script_occupancy():
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     check_occupancy_text(proc.stdout)
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("case", ["trips 3e9", "not utf-8", "sweep onto a file", "damaged store", "corrupt netcdf"])
+def test_bad_files_one_line_exit_2(capsys, tmp_path, case):
+    """Inputs that once printed a Python traceback: one error line naming the field, exit 2."""
+    tiny = ROOT / "tests" / "data" / "tiny_sweep.toml"
+    if case == "trips 3e9":
+        k = _write(tmp_path / "k.toml", b'[kernel]\ngrid = 4\nthreads = 64\nprogram = "loop 3000000000\\n fma\\nend"\n')
+        argv, words = ["run", str(k)], ["program line 1", "3000000000", "16777215"]
+    elif case == "not utf-8":
+        k = _write(tmp_path / "k.toml", b'[kernel]\nname = "\xff\xfe"\n')
+        argv, words = ["run", str(k)], ["kernel file", "UTF-8"]
+    elif case == "sweep onto a file":
+        out = _write(tmp_path / "afile", b"")
+        argv, words = ["sweep", str(tiny), "-o", str(out)], ["-o", "not a folder"]
+    else:
+        out = tmp_path / "out"
+        assert main(["sweep", str(tiny), "-o", str(out)]) == 0
+        capsys.readouterr()
+        if case == "damaged store":
+            import shutil
+
+            shutil.rmtree(out / "sweep.zarr" / "done")
+            argv, words = ["sweep", str(tiny), "-o", str(out), "--resume"], ["missing arrays", "done"]
+        else:
+            import shutil
+
+            shutil.rmtree(out / "sweep.zarr")
+            (out / "sweep.nc").write_bytes(b"garbage")
+            argv, words = ["info", str(out)], ["sweep.nc", "not a netCDF"]
+    rc, out_text, err = run_cli(capsys, *argv)
+    lines = [line for line in err.splitlines() if line.startswith(f"jaxsched {argv[0]}: error: ")]
+    assert rc == 2, err
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert all(w in lines[0] for w in words), lines[0]

@@ -15,6 +15,7 @@ CTAs left, smallest `(ready, l)`) places its CTAs first (the leftover policy).
 
 from __future__ import annotations
 
+import equinox as eqx
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -284,14 +285,17 @@ def test_launch_overhead_shifts_a_uniform_clock_run(cfg: dict) -> None:
 
 
 def test_bad_workloads_are_rejected_before_running():
-    """Section 13's launch checks reach the reference's `simulate` even for a `Workload` built
-    without `make_workload`."""
+    """Section 13's launch checks hold for a `Workload` built without `make_workload`: at
+    construction (`Workload.__check_init__`), and, for one whose fields were set around it
+    (`eqx.tree_at`), where the reference's `simulate` takes it."""
     arch = hand_arch(2)
     k = fmas(3)
-    bad_after = workload.Workload(kernels=(k, k), streams=(0, 1), after=((), (1,)))
     with pytest.raises(JaxschedError, match="after"):
-        reference.simulate(arch, bad_after)
+        workload.Workload(kernels=(k, k), streams=(0, 1), after=((), (1,)))
     other_shape = fmas(3, smem=TWO_SLOTS)
     with pytest.raises(JaxschedError, match="dynamic_smem_bytes"):
-        reference.simulate(arch, workload.Workload(kernels=(k, other_shape), streams=(0, 0),
-                                                   after=((), ())))
+        workload.Workload(kernels=(k, other_shape), streams=(0, 0), after=((), ()))
+    bypassed = eqx.tree_at(lambda w: w.kernels, workload.Workload(kernels=(k, k), streams=(0, 0), after=((), ())),
+                           (k, other_shape))
+    with pytest.raises(JaxschedError, match="dynamic_smem_bytes"):
+        reference.simulate(arch, bypassed)

@@ -24,8 +24,8 @@ from .. import clocks as clocks_mod
 from ..arch import Arch
 from ..clocks import Clocks
 from ..dvfs import MODES, Dvfs, off, validate_dvfs
-from ..errors import check
-from ..kernel import Kernel
+from ..errors import JaxschedError, check
+from ..kernel import MAX_TRIPS, Kernel
 from ..lower import (DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, policy_index, policy_indices,
                      shapes_for, validate, validate_dispatch)
 from ..workload import Workload
@@ -176,9 +176,29 @@ def _lower_config(
 
     if isinstance(kernel, WorkloadInput):
         launch, per, launches = _lower_workload(kernel, lower_one, shapes)
-        return _prepare(launch, shapes, per, launches)
+        return _prepare(_guarded(launch, kernel.kernels), shapes, per, launches)
     launch = lower_one(kernel)
-    return _prepare(launch, shapes, None, single(launch, shapes))
+    return _prepare(_guarded(launch, (kernel,)), shapes, None, single(launch, shapes))
+
+
+def _guarded(launch: Launch, kernels: Sequence[Kernel]) -> Launch:
+    """The engine's last guard on values that were traced when the configuration was built (the
+    modules check concrete ones): a run whose clocks, trip counts or probabilities could only
+    give wrong numbers or never end raises at run time (`equinox.error_if`) instead."""
+    enabled = launch.sm_enabled
+    bad_clock = (launch.tick_mhz < 1) | jnp.any(enabled & ((launch.sm_freq_mhz < 1)
+                                                           | (launch.sm_freq_mhz > clocks_mod.MAX_MHZ)))
+    tick = eqx.error_if(launch.tick_mhz, bad_clock,
+                        f"clocks.sm_freq_mhz: every enabled SM needs a clock in 1 .. {clocks_mod.MAX_MHZ} MHz")
+    bad_kernel = jnp.bool_(False)
+    for k in kernels:
+        longest = k.trips.astype(jnp.int64) + k.trips_cta_spread + k.trips_warp_spread
+        unit = lambda p: ~((p >= 0) & (p <= 1))  # noqa: E731  (NaN included)
+        bad_kernel |= ((k.trips < 0) | (k.trips_cta_spread < 0) | (k.trips_warp_spread < 0) | (longest > MAX_TRIPS)
+                       | unit(k.l2_hit_rate) | unit(k.branch_if_probability) | (k.grid_ctas < 1))
+    tick = eqx.error_if(tick, bad_kernel, "kernel: trips, spreads, l2_hit_rate or branch_if_probability out of "
+                        f"range (trip counts in 0 .. {MAX_TRIPS}, probabilities in [0, 1]) or grid_ctas < 1")
+    return dataclasses.replace(launch, tick_mhz=tick)
 
 
 def _result(final: State, run: Run, arch: Arch, shapes: Shapes) -> Result:
@@ -288,6 +308,7 @@ def _chunked(fn: Callable[..., Result], config: tuple, chunk: int | None) -> Res
 
 def _dispatch_inputs(arch: Arch, clocks: Clocks, weight, alpha: float, prior_ns: float) -> tuple:
     """Validated dispatch parameters as arrays (weights default to the SM clocks in MHz)."""
+    weight = None if weight is None else clocks_mod.per_slot(arch, weight, "dispatch_weight", fill=0)
     validate_dispatch(arch, weight, alpha, prior_ns)
     w = np.asarray(clocks.sm_freq_mhz if weight is None else weight, dtype=np.int32)
     return w, np.float32(alpha), np.float32(prior_ns)
@@ -295,6 +316,7 @@ def _dispatch_inputs(arch: Arch, clocks: Clocks, weight, alpha: float, prior_ns:
 
 def _dvfs_input(arch: Arch, dvfs: Dvfs | None) -> Dvfs:
     dvfs = off(arch) if dvfs is None else dvfs
+    check(isinstance(dvfs, Dvfs), "dvfs", type(dvfs).__name__, "a jaxsched.dvfs.Dvfs (dvfs.default, dvfs.locked) or None")
     validate_dvfs(dvfs)
     return dvfs
 
@@ -325,6 +347,23 @@ def _compiled_in(needed: bool, requested: bool | None, field: str, why: str) -> 
 def _trace_len(n: int) -> int:
     check(isinstance(n, (int, np.integer)) and 0 <= n <= 1 << 16, "trace_len", n, "an integer in 0 .. 65536")
     return int(n)
+
+
+def _max_ticks(n: int) -> int:
+    check(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and 1 <= n <= MAX_TICKS, "max_ticks", n,
+          f"an integer in 1 .. {MAX_TICKS} (2^30 ticks, about 0.54 s at 1.98 GHz)")
+    return int(n)
+
+
+def _for_each(items: Sequence, fn: Callable) -> list:
+    """`fn(i, item)` for every configuration of a batch; an error names the configuration."""
+    out = []
+    for i, item in enumerate(items):
+        try:
+            out.append(fn(i, item))
+        except JaxschedError as exc:
+            raise JaxschedError(f"configuration {i}: {exc.field}", exc.value, exc.limit) from None
+    return out
 
 
 def _check_done(result: Result, max_ticks: int) -> None:
@@ -377,7 +416,7 @@ def simulate(
     sized = compiled_shapes(shapes)
     with jax.enable_x64(True):
         result = _compiled(unnamed(arch), compiled_input(kernel, sized), clocks, wp, dp, np.int32(dispatch_start),
-                           *extra, dvfs, shapes=sized, max_ticks=max_ticks, batched=False)
+                           *extra, dvfs, shapes=sized, max_ticks=_max_ticks(max_ticks), batched=False)
         result = jax.device_get(result)
     _check_done(result, max_ticks)
     return _trimmed(result, shapes.max_ctas)
@@ -462,7 +501,7 @@ def simulate_batch(
           "of launches (pad programs with make_kernel(pad_to=...))")
     dvfs_list = [None] * n if dvfs is None else list(dvfs)
     check(len(dvfs_list) == n, "dvfs", len(dvfs_list), f"one entry per configuration ({n})")
-    dvfs_stack = stack([_dvfs_input(a, d) for a, d in zip(archs, dvfs_list)])
+    dvfs_stack = stack(_for_each(list(zip(archs, dvfs_list)), lambda i, ad: _dvfs_input(*ad)))
     shapes = dataclasses.replace(shape_list[0],
                                  max_ctas=_padded("max_ctas", max_ctas, [s.max_ctas for s in shape_list], "grid",
                                                   2**31 - 1),
@@ -481,7 +520,7 @@ def simulate_batch(
     weights = [None] * n if dispatch_weight is None else list(dispatch_weight)
     alphas = np.broadcast_to(np.asarray(ema_alpha, dtype=np.float32), (n,))
     priors = np.broadcast_to(np.asarray(ema_prior_ns, dtype=np.float32), (n,))
-    extra = [_dispatch_inputs(a, c, w, al, pr) for a, c, w, al, pr in zip(archs, clocks, weights, alphas, priors)]
+    extra = _for_each(list(zip(archs, clocks, weights, alphas, priors)), lambda i, x: _dispatch_inputs(*x))
     extra = tuple(np.stack(col) for col in zip(*extra))
     sized = compiled_shapes(shapes)
     devices = default_devices() if devices is None else list(devices)
@@ -489,7 +528,7 @@ def simulate_batch(
     with jax.enable_x64(True), jax.default_device(devices[0]):
         result = _compiled(stack([unnamed(a) for a in archs]), stack([compiled_input(k, sized) for k in kernels]),
                            stack(clocks), as_i32(warp_policy), as_i32(dispatch), as_i32(dispatch_start), *extra,
-                           dvfs_stack, shapes=sized, max_ticks=max_ticks, batched=True, chunk=chunk,
+                           dvfs_stack, shapes=sized, max_ticks=_max_ticks(max_ticks), batched=True, chunk=chunk,
                            mesh=mesh_of(devices))
         result = jax.device_get(result)
     _check_done(result, max_ticks)
@@ -520,11 +559,10 @@ def _prepare_batch(
     check(all(workloads) or not any(workloads), "batch", "kernels and workloads",
           "one kind per batch: all kernels or all workloads")
     if not any(workloads):
-        for a, k, c in zip(archs, items, clocks):
-            validate(a, k, c)
+        _for_each(list(zip(archs, items, clocks)), lambda i, akc: validate(*akc))
         return list(items), [shapes_for(a, k) for a, k in zip(archs, items)]
     check(len({w.n_launches for w in items}) == 1, "batch", sorted({w.n_launches for w in items}),
           "workloads in one batch need the same number of launches")
     n_instr = max(k.n_instr for w in items for k in w.kernels)
-    prepared = [prepare_workload(w, a, c, n_instr) for w, a, c in zip(items, archs, clocks)]
+    prepared = _for_each(list(zip(items, archs, clocks)), lambda i, wac: prepare_workload(*wac, n_instr))
     return prepared, [workload_shapes(a, w) for a, w in zip(archs, prepared)]

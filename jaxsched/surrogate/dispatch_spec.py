@@ -141,8 +141,7 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Disp
 
 def load(path: str | Path) -> DispatchSpec:
     p = Path(path)
-    check(p.is_file(), "dispatch spec", str(p), "no such file")
-    return loads(p.read_text(), base_dir=p.parent, source=str(p))
+    return loads(tomldoc.read_text(p, "dispatch spec"), base_dir=p.parent, source=str(p))
 
 
 # ----------------------------------------------------------------------------- problem
