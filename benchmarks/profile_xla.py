@@ -130,10 +130,12 @@ def main() -> None:
     parser.add_argument("--dvfs", action="store_true", help="compile the DVFS step in (Shapes.dvfs)")
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--hlo", help="also write the compiled loop's HLO text here")
+    parser.add_argument("--no-fast-forward", action="store_true", help="compile the engine without fast-forward")
     args = parser.parse_args()
     arch, kernel, maps, _ = workload(args.batch)
     # As throughput.py: the workload dispatches by hardware order, so the closed loop is compiled out.
-    shapes = dataclasses.replace(shapes_for(arch, kernel), dvfs=args.dvfs, closed_loop=False)
+    shapes = dataclasses.replace(shapes_for(arch, kernel), dvfs=args.dvfs, closed_loop=False,
+                                 fast_forward=not args.no_fast_forward)
     with jax.enable_x64(True):
         launches = jax.jit(jax.vmap(lambda c: lower(arch, kernel, c, 1, 0, 0)))(stack(maps))
         runs = jax.jit(jax.vmap(lambda l: _prepare(l, shapes, None, None)))(launches)

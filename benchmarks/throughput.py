@@ -5,7 +5,7 @@ Workload (issue 3): the H200 preset (132 SMs), 4 waves of 256-thread CTAs (8 CTA
 varies the per-SM clock maps (random, 1.6-1.98 GHz) and the warp policy, so every member is a
 different configuration. Compilation (ahead of time) and the run are timed separately.
 
-    python benchmarks/throughput.py --batch 256 [--reference-configs 3] [--rounds 3] [--dvfs]
+    python benchmarks/throughput.py --batch 256 [--reference-configs 3] [--rounds 3] [--dvfs] [--no-fast-forward]
 
 The speed-up over the plain-Python reference (`--reference-configs`) is only as good as the two
 timings are comparable, and this machine's speed drifts by 20 % over minutes. With `--rounds R`
@@ -31,6 +31,7 @@ import numpy as np
 import jaxsched as js
 from jaxsched import clocks, dvfs, reference
 from jaxsched.engine.devices import mesh_of
+from jaxsched.engine.fast_forward import may_fast_forward
 from jaxsched.engine.run import MAX_TICKS, _compiled, default_chunk, stack, uses_closed_loop
 from jaxsched.lower import shapes_for
 from jaxsched.kernel import make_kernel
@@ -79,6 +80,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--trips", type=int, default=4, help="loop trips per warp")
     parser.add_argument("--dvfs", action="store_true", help="DVFS on (section 12)")
+    parser.add_argument("--no-fast-forward", action="store_true", help="compile the engine without fast-forward")
     parser.add_argument("--devices", type=int, default=0,
                         help="devices sharing the batch (default: all local ones, as simulate_batch)")
     parser.add_argument("--chunk", type=int, default=0, help="configurations per chunk (default: default_chunk)")
@@ -100,7 +102,8 @@ def main() -> None:
     with jax.enable_x64(True):
         t0 = time.perf_counter()
         shapes = dataclasses.replace(shapes_for(arch, kernel), dvfs=args.dvfs,  # as simulate_batch decides
-                                     closed_loop=uses_closed_loop(inputs[4]))
+                                     closed_loop=uses_closed_loop(inputs[4]),
+                                     fast_forward=not args.no_fast_forward and may_fast_forward(kernel))
         chunk = args.chunk or default_chunk(shapes)  # as simulate_batch decides
         devices = jax.local_devices()[:args.devices or None]
         compiled = _compiled.lower(*inputs, shapes=shapes, max_ticks=MAX_TICKS,
@@ -127,6 +130,8 @@ def main() -> None:
         "ctas_per_config": int(kernel.grid_ctas),
         "loop_trips": args.trips,
         "dvfs": mode,
+        "fast_forward": shapes.fast_forward,  # compiled in (asked for, and the kernel could use it)
+        "mean_ticks_stepped": float(np.mean(result.ticks_stepped)),
         "mean_makespan_ns": float(np.mean(result.makespan_ns)),
         "mean_makespan_ticks": float(np.mean(result.makespan_ticks)),
         "simulated_sm_cycles": sm_cycles,

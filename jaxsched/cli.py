@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -144,7 +145,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     kernels = item.kernels if is_workload else (item,)
     clk = clocks.uniform(arch, args.clock_ghz)
     result = simulate(arch, item, clk, warp_policy=args.warp_policy, dispatch=args.dispatch,
-                      dispatch_start=args.dispatch_start)
+                      dispatch_start=args.dispatch_start, fast_forward=not args.no_fast_forward)
     n = sum(int(k.grid_ctas) for k in kernels)
     name = Path(args.kernel).stem if is_workload else item.name
     enabled = np.asarray(arch.sm_enabled)
@@ -168,6 +169,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         "makespan_ns": float(result.makespan_ns),
         "makespan_cycles": float(result.makespan_cycles),
         "makespan_ticks": int(result.makespan_ticks),
+        "ticks_stepped": int(result.ticks_stepped),
         "issue_bound_ns": issue_bound,
         "ctas": n,
         "launches": launches,
@@ -214,6 +216,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+_NO_FF_HELP = "step every event instead of jumping recurring steady state (same results, slower: docs/model.md section 11)"
 DEMO_SPEC = Path(__file__).resolve().parent.parent / "sweeps" / "demo.toml"
 
 
@@ -239,6 +242,8 @@ def _resume_hint(args: argparse.Namespace) -> str:
     parts = ["jaxsched", "sweep"] + ([args.spec] if args.spec else []) + ["-o", args.output, "--resume"]
     if args.devices:
         parts += ["--devices", args.devices]
+    if args.no_fast_forward:
+        parts += ["--no-fast-forward"]
     return " ".join(parts)
 
 
@@ -252,6 +257,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     check(args.chunk is None or args.chunk >= 1, "--chunk", args.chunk, ">= 1")
     _init_distributed(args)
     spec = sweep.load(args.spec or DEMO_SPEC)
+    if args.no_fast_forward:
+        spec = dataclasses.replace(spec, fast_forward=False)
     devices = sweep.select_devices(args.devices)
     out = Path(args.output)
     stop = threading.Event()
@@ -396,6 +403,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dispatch", default="hardware", choices=DISPATCH_POLICIES)
     p.add_argument("--dispatch-start", type=int, default=0, help="rotation of the hardware SM order")
     p.add_argument("--json", action="store_true", help="print JSON (with the per-CTA trace)")
+    p.add_argument("--no-fast-forward", action="store_true", help=_NO_FF_HELP)
 
     p = sub.add_parser("sweep", help="run a sweep spec (default: sweeps/demo.toml)",
                        description="Run a sweep into OUT/sweep.zarr chunk by chunk (resumable), then "
@@ -408,6 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="configurations per batched call (default: the spec's, else sized to device memory)")
     p.add_argument("--devices", default=None,
                    help="local devices to shard over: all (default), a count N, or indices like 0,2 or 4:8")
+    p.add_argument("--no-fast-forward", action="store_true", help=_NO_FF_HELP + " (overrides [engine] fast_forward)")
     g = p.add_argument_group("several hosts (jax.distributed; OUT on a shared filesystem)")
     g.add_argument("--coordinator", default=None, help="HOST:PORT of process 0")
     g.add_argument("--num-processes", type=int, default=None, help="number of processes (hosts)")

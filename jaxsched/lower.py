@@ -46,6 +46,7 @@ class Shapes:
     n_launches: int = 1  # kernel launches of a workload (section 13)
     dvfs: bool = True  # False when every configuration has DVFS off: section 12's step is compiled out
     closed_loop: bool = True  # False when no configuration dispatches by the closed loop: its learning is compiled out
+    fast_forward: bool = True  # jump whole periods of an SM's recurring state (docs/model.md section 11)
 
     @property
     def warps_per_scheduler(self) -> int:

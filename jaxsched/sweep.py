@@ -12,6 +12,7 @@ Spec (see `sweeps/demo.toml`, `sweeps/random_design.toml`):
     seed = 0
     chunk = 64                       # configurations per batched call (default: sized to memory)
     cta_trace = false                # true: keep every configuration's per-CTA trace (dim `cta`)
+    [engine]  fast_forward = true    # false: step every event (same results; docs/model.md section 11)
     [clocks]  model = "gaussian", mean_ghz = 1.9, sigma = 0.05   # per-SM clock map, see `clock_map`
     [policy]  warp = "gto", dispatch = "hardware", dispatch_start = 0,
               weights = "clocks", ema_alpha = 0.25, ema_prior_ns = 0.0
@@ -124,6 +125,7 @@ import xarray as xr
 from . import __version__, archio, clocks, dvfs, freqmap, presets, tomldoc
 from . import sweep_design, sweep_paths
 from .arch import Arch
+from .engine.fast_forward import may_fast_forward
 from .engine.run import Result, any_dvfs, simulate_batch
 from .engine.state import STALL_REASONS
 from .errors import JaxschedError, check
@@ -135,8 +137,9 @@ from .sweep_design import CONFIG_DIM, Design, design_coords
 from .sweep_paths import Point
 from .workload import OVERHEAD_FIELDS, Workload, make_workload
 
-_TOP_KEYS = ("title", "arch", "kernel", "kernels", "replicates", "seed", "chunk", "cta_trace", "grid",
+_TOP_KEYS = ("title", "arch", "kernel", "kernels", "replicates", "seed", "chunk", "cta_trace", "engine", "grid",
              "design") + sweep_paths.TABLES
+_ENGINE_KEYS = ("fast_forward",)
 _LAUNCH_GROUPS = ("arch", "kernel")  # the path groups that decide whether a point can launch
 
 
@@ -154,6 +157,7 @@ class Sweep:
     seed: int
     chunk: int | None  # configurations per batched call; None: sized to device memory
     cta_trace: bool  # keep the per-CTA trace (SM, start, end, launch) of every configuration
+    fast_forward: bool  # the engine jumps recurring steady state (results are the same either way)
     feasible: np.ndarray  # bool, point shape
     infeasible_reason: np.ndarray  # str, point shape ("" where feasible)
     max_grid_ctas: int  # the largest grid of any feasible point (sizes the engine state)
@@ -216,6 +220,7 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Swee
           f"{source}: chunk", chunk, "an integer >= 1")
     cta_trace = doc.get("cta_trace", False)
     check(isinstance(cta_trace, bool), f"{source}: cta_trace", cta_trace, "true or false")
+    fast_forward = _engine_options(doc.get("engine", {}), source)
     grid = _parse_grid(doc.get("grid", {}), base, source)
     design = None
     if "design" in doc:
@@ -226,7 +231,7 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Swee
     swept = [(f"grid.{p}", p) for p in grid] + [(f"design.{f.path}", f.path) for f in (design.factors if design else ())]
     _check_distinct_paths(base, swept, source)
     partial = Sweep(title=str(doc.get("title", source)), text=text, base=base, grid=grid, design=design,
-                    replicates=replicates, seed=seed, chunk=chunk, cta_trace=cta_trace, feasible=np.ones((), bool),
+                    replicates=replicates, seed=seed, chunk=chunk, cta_trace=cta_trace, fast_forward=fast_forward, feasible=np.ones((), bool),
                     infeasible_reason=np.asarray(""),
                     max_grid_ctas=int(kernel.grid_ctas) * max(1, base["workload"]["launches"]),
                     max_cta_slots=int(arch.max_blocks_per_sm))
@@ -234,6 +239,16 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Swee
     feasible, reasons, max_grid, max_slots = _check_points(partial, source)
     return dataclasses.replace(partial, feasible=feasible, infeasible_reason=reasons, max_grid_ctas=max_grid,
                                max_cta_slots=max_slots)
+
+
+def _engine_options(table: object, source: str) -> bool:
+    """The `[engine]` table: `fast_forward` (default true)."""
+    check(isinstance(table, dict), f"{source}: engine", table, "a table")
+    for key in table:
+        check(key in _ENGINE_KEYS, f"{source}: engine.{key}", table[key], f"unknown key; expected one of {_ENGINE_KEYS}")
+    value = table.get("fast_forward", True)
+    check(isinstance(value, bool), f"{source}: engine.fast_forward", value, "true or false")
+    return value
 
 
 def _kernel_variants(doc: dict, kernel: Kernel, base_dir: Path, source: str) -> dict[str, Kernel]:
@@ -597,11 +612,12 @@ class Runner:
     """Runs batches of configurations on local devices, sharded over them when more than one."""
 
     def __init__(self, devices: Sequence | None = None, dvfs_step: bool | None = None,
-                 cta_slots: int | None = None, max_ctas: int | None = None, closed_loop_step: bool | None = None):
+                 cta_slots: int | None = None, max_ctas: int | None = None, closed_loop_step: bool | None = None,
+                 fast_forward_step: bool = True):
         self.devices = list(devices) if devices else jax.local_devices()
         # simulate_batch's; None decides per batch. A sweep fixes them so that it compiles once.
         self.dvfs_step, self.cta_slots, self.max_ctas = dvfs_step, cta_slots, max_ctas
-        self.closed_loop_step = closed_loop_step
+        self.closed_loop_step, self.fast_forward_step = closed_loop_step, fast_forward_step
 
     def batch_size(self, n: int) -> int:
         """`n` rounded up to a multiple of the device count."""
@@ -622,9 +638,27 @@ class Runner:
         kwargs = dict(dispatch_weight=col["dispatch_weight"], ema_alpha=np.asarray(col["ema_alpha"]),
                       ema_prior_ns=np.asarray(col["ema_prior_ns"]), dvfs=col["dvfs"],
                       dvfs_step=self.dvfs_step, closed_loop_step=self.closed_loop_step,
-                      cta_slots=self.cta_slots, max_ctas=self.max_ctas, devices=self.devices)
+                      cta_slots=self.cta_slots, max_ctas=self.max_ctas, devices=self.devices,
+                      fast_forward_step=self.fast_forward_step)
         result = simulate_batch(*args, **kwargs)
         return jax.tree.map(lambda x: x[:n], result)
+
+
+def runner_for(sweep: Sweep, devices: Sequence | None) -> Runner:
+    """The runner of a sweep: static engine options fixed for all its chunks (one compilation)."""
+    kernels = [sweep.kernel, *sweep.base[sweep_paths.VARIANTS].values()]
+    uses_ff = sweep.fast_forward and (any(may_fast_forward(k) for k in kernels) or _sweeps_loops(sweep))
+    return Runner(devices, uses_dvfs(sweep), sweep.max_cta_slots, sweep.max_grid_ctas, uses_closed_loop(sweep),
+                  uses_ff)
+
+
+def _sweeps_loops(sweep: Sweep) -> bool:
+    """Whether a swept kernel path could give a point fast-forward can use where the base kernel
+    has none (trip counts): then every chunk compiles it in (it is exact either way)."""
+    loops = ("kernel.trips", "kernel.cta_spread", "kernel.warp_spread", "kernel.trips_cta_spread",
+             "kernel.trips_warp_spread")
+    swept = list(sweep.grid) + (list(sweep.design.values) if sweep.design else [])
+    return any(p in loops for p in swept)
 
 
 def auto_chunk(sweep: Sweep, devices: Sequence) -> int:
@@ -660,6 +694,8 @@ def _bytes_per_config(sweep: Sweep) -> int:
 VARIABLES: dict[str, tuple[tuple[str, ...], type, dict]] = {
     "makespan_ns": ((), np.float64, {"units": "ns", "long_name": "kernel makespan"}),
     "makespan_cycles": ((), np.float64, {"units": "cycles", "long_name": "makespan in cycles of the boost clock"}),
+    "ticks_stepped": ((), np.int64, {"units": "1", "long_name": "ticks the engine processed (the rest it skipped "
+                                     "or fast-forwarded exactly; depends on [engine] fast_forward)"}),
     "sm_ctas": (("sm",), np.int64, {"units": "1", "long_name": "CTAs run per SM"}),
     "sm_busy_cycles": (("sm",), np.int64, {"units": "cycles", "long_name": "SM cycles with a resident warp"}),
     "sm_cycles": (("sm",), np.int64, {"units": "cycles", "long_name": "SM cycles until the kernel ended"}),
@@ -707,6 +743,7 @@ def _variables(sweep: Sweep, configs: list[Config], result: Result) -> dict[str,
     values = {
         "makespan_ns": np.asarray(result.makespan_ns),
         "makespan_cycles": np.asarray(result.makespan_cycles),
+        "ticks_stepped": np.asarray(result.ticks_stepped),
         "sm_ctas": per_sm("sm_ctas"),
         "sm_busy_cycles": busy,
         "sm_cycles": cycles,
@@ -822,7 +859,7 @@ def _extra_shape(sweep: Sweep, extra: tuple[str, ...]) -> tuple[int, ...]:
 def run(sweep: Sweep, progress: Callable[[int, int, float], None] | None = None, *,
         devices: Sequence | None = None, chunk: int | None = None) -> xr.Dataset:
     """Run every configuration in chunks and return the dataset (in memory, no store)."""
-    runner = Runner(devices, uses_dvfs(sweep), sweep.max_cta_slots, sweep.max_grid_ctas, uses_closed_loop(sweep))
+    runner = runner_for(sweep, devices)
     layout = make_layout(sweep, chunk or sweep.chunk or auto_chunk(sweep, runner.devices))
     arrays = _unfilled(sweep, layout.shape)
     batch = runner.batch_size(layout.chunk_size)
@@ -1000,7 +1037,7 @@ def execute(
     check(not out.exists() or out.is_dir(), "-o", str(out), "exists and is not a folder: name an output folder")
     store = out / STORE
     rank, n_proc = jax.process_index(), jax.process_count()
-    runner = Runner(devices, uses_dvfs(sweep), sweep.max_cta_slots, sweep.max_grid_ctas, uses_closed_loop(sweep))
+    runner = runner_for(sweep, devices)
     if rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         keep = False

@@ -29,10 +29,13 @@ LRR, GTO, OLDEST = 0, 1, 2
 
 
 def clock_edges(state: State, launch: Launch) -> tuple[Bool[Array, " sm"], Int[Array, " sm"]]:
-    """Which SMs execute a cycle in this tick, and their phase accumulators afterwards."""
+    """Which SMs execute a cycle in this tick, and their phase accumulators afterwards. An SM
+    that a fast-forward put ahead of the tick (`State.resume`) neither executes nor accumulates
+    until the tick catches up with it."""
+    live = launch.sm_enabled & (state.tick >= state.resume)
     acc = state.acc + state.freq
-    edge = (acc >= launch.tick_mhz) & launch.sm_enabled
-    return edge, jnp.where(edge, acc - launch.tick_mhz, acc)
+    edge = (acc >= launch.tick_mhz) & live
+    return edge, jnp.where(edge, acc - launch.tick_mhz, jnp.where(live, acc, state.acc))
 
 
 def _gpu_forms() -> bool:
@@ -162,6 +165,7 @@ class Outlook(NamedTuple):
     ready: Int[Array, "sched sm"]  # ready warps per class after the tick's issues, packed
     next_wake: Int[Array, " sm"]  # the earliest wake of a warp not ready (INF: none)
     changed: Bool[Array, " sm"]  # warps were released or started: look again at the next cycle
+    issued: Bool[Array, " sm"]  # the SM issued in this tick (a point of the recurrence search)
 
 
 def _issue(state: State, launch: Launch, shapes: Shapes, launches: Launches, ready_before: Int[Array, "sched sm"],
@@ -336,5 +340,6 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches, o
     # SM has a free CTA slot, one freed in this cycle included (section 7).
     credit = collect(state.launch_credit, ready.starved, edge.astype(jnp.int32),
                      has_free_slot(out, launch, shapes), launch)
-    look = Outlook(ready=iss["ready"], next_wake=iss["next_wake"], changed=jnp.any(release, axis=0))
+    look = Outlook(ready=iss["ready"], next_wake=iss["next_wake"], changed=jnp.any(release, axis=0),
+                   issued=n_issued > 0)
     return replace(out, launch_credit=credit), look, release

@@ -31,10 +31,17 @@ from .status import INF, Ready, class_bits, class_counts, cycles_in, ready_count
 _MAX_AHEAD_CYCLES = 1 << 17  # x MAX_MHZ stays in int32; a farther event just comes early
 
 
+def last_tick(state: State) -> Int[Array, " sm"]:
+    """The last tick each SM has run: the tick just executed, or for an SM a fast-forward put
+    ahead, the tick before it resumes."""
+    return jnp.maximum(state.tick, state.resume - 1)
+
+
 def ticks_until_cycle(
     state: State, launch: Launch, cycle_index: Int[Array, " sm"]
 ) -> Int[Array, " sm"]:
-    """Ticks from the current tick until SM s executes cycle `cycle_index` (>= its next cycle).
+    """Ticks from each SM's last tick (`last_tick`) until it executes cycle `cycle_index` (>= its
+    next cycle).
 
     The n-th future edge comes after `ceil((n F - acc) / f)` ticks (phase accumulator).
     """
@@ -73,7 +80,7 @@ def _next_cycle_event(state: State, launch: Launch, look: Outlook) -> tuple[Read
     ready = ready_counts(look.ready, throttle)
     clear_cycle = jnp.minimum(look.next_wake, _throttle_clears(state, launch, look, throttle))
     next_cycle = jnp.where(look.changed | (ready.eligible > 0), c, clear_cycle)
-    return ready, jnp.where(next_cycle < INF, state.tick + ticks_until_cycle(state, launch, next_cycle), INF)
+    return ready, jnp.where(next_cycle < INF, last_tick(state) + ticks_until_cycle(state, launch, next_cycle), INF)
 
 
 def skip_to_next_event(
@@ -94,7 +101,7 @@ def skip_to_next_event(
     free = has_free_slot(state, launch, shapes)
     to_full = cycles_to_full(state.launch_credit, ready.starved, free, launch)
     credit_full = jnp.where((to_full > 0) & launch.sm_enabled & jnp.any(state.next_cta < launches.n_ctas),
-                            k + ticks_until_cycle(state, launch, state.cycle + to_full - 1), INF)
+                            last_tick(state) + ticks_until_cycle(state, launch, state.cycle + to_full - 1), INF)
     per_sm = jnp.minimum(per_sm, credit_full)
     # Grid-barrier releases (section 8), freed CTA slots becoming usable (section 9), clock
     # changes (section 12) and launches becoming ready (section 13) are events too.
@@ -108,8 +115,10 @@ def skip_to_next_event(
     # guard: validated inputs never need it).
     nxt = jnp.maximum(nxt, k + 1)
     skipped = nxt - k - 1
+    # An SM ahead of the tick runs none of the skipped ticks before it resumes.
+    mine = jnp.maximum(nxt - jnp.maximum(k + 1, state.resume), 0)
 
-    cycles, acc = cycles_in_ticks(state, launch, skipped)
+    cycles, acc = cycles_in_ticks(state, launch, mine)
     n_active = jnp.sum(state.cta_live, axis=0, dtype=jnp.int64)
     n_barrier = jnp.sum(state.cta_arrived, axis=0, dtype=jnp.int32) + state.g_waiting
     weight = cycles.astype(jnp.int64)

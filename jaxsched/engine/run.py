@@ -31,6 +31,7 @@ from ..lower import (DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, po
 from ..workload import Workload
 from .devices import default_devices, mesh_of, sharded
 from .dispatch import variation_tables
+from .fast_forward import may_fast_forward
 from .launches import Launches, make_launches, single
 from .power import domains, final_outputs
 from .prepare import WorkloadInput, prepare_workload, workload_shapes
@@ -49,6 +50,7 @@ class Result(eqx.Module):
     makespan_cycles: Float[Array, ""]  # cycles of the nominal (boost) clock
     tick_mhz: Int[Array, ""]
     completed: Bool[Array, ""]  # False if max_ticks ran out first
+    ticks_stepped: Int[Array, ""]  # ticks the engine processed; the rest it skipped or fast-forwarded exactly
     sm_cycles: Int[Array, " sm"]
     sm_busy_cycles: Int[Array, " sm"]
     sm_issued: Int[Array, " sm"]
@@ -214,6 +216,7 @@ def _result(final: State, run: Run, arch: Arch, shapes: Shapes) -> Result:
         / launch.tick_mhz,
         tick_mhz=launch.tick_mhz,
         completed=final.ctas_done >= launch.n_ctas,
+        ticks_stepped=final.steps,
         sm_cycles=c.sm_cycles,
         sm_busy_cycles=c.sm_busy_cycles,
         sm_issued=c.sm_issued,
@@ -349,6 +352,22 @@ def _trace_len(n: int) -> int:
     return int(n)
 
 
+def _flag(value: object, field: str) -> bool:
+    check(isinstance(value, (bool, np.bool_)), field, value, "True or False")
+    return bool(value)
+
+
+def _fast_forward_in(flag: object, requested: bool | None, items: Sequence) -> bool:
+    """Whether the engine is compiled with fast-forward: asked for, and (unless `requested`
+    decides) some kernel of the batch could use it."""
+    if not _flag(flag, "fast_forward"):
+        return False
+    if requested is not None:
+        return _flag(requested, "fast_forward_step")
+    kernels = [k for it in items for k in (it.kernels if hasattr(it, "kernels") else (it,))]
+    return any(may_fast_forward(k) for k in kernels)
+
+
 def _max_ticks(n: int) -> int:
     check(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and 1 <= n <= MAX_TICKS, "max_ticks", n,
           f"an integer in 1 .. {MAX_TICKS} (2^30 ticks, about 0.54 s at 1.98 GHz)")
@@ -386,6 +405,7 @@ def simulate(
     dvfs: Dvfs | None = None,
     trace_len: int = 0,
     max_ticks: int = MAX_TICKS,
+    fast_forward: bool = True,
 ) -> Result:
     """Simulate one kernel launch, or a workload of several (`jaxsched.workload`: streams,
     events, CUDA graphs; docs/model.md section 13), on one chip.
@@ -396,7 +416,8 @@ def simulate(
     SM clocks in MHz) drives `weighted`; `ema_alpha` and `ema_prior_ns` drive `closed_loop`.
     `dvfs` (`jaxsched.dvfs.default(arch)`, `locked(...)`; default static clocks) turns on the
     power, thermal and clock-controller model with `clocks` as each SM's cap (section 12), and
-    `trace_len` rows of the clock trace are kept.
+    `trace_len` rows of the clock trace are kept. `fast_forward` jumps whole periods of an SM's
+    recurring state (docs/model.md section 11); results are the same without it, bit for bit.
     """
     clocks = clocks_mod.uniform(arch) if clocks is None else clocks
     if isinstance(kernel, Workload):
@@ -412,7 +433,8 @@ def simulate(
     extra = _dispatch_inputs(arch, clocks, dispatch_weight, ema_alpha, ema_prior_ns)
     dvfs = _dvfs_input(arch, dvfs)
     shapes = dataclasses.replace(shapes, trace_len=_trace_len(trace_len), dvfs=any_dvfs(dvfs),
-                                 closed_loop=uses_closed_loop(dp))
+                                 closed_loop=uses_closed_loop(dp),
+                                 fast_forward=_fast_forward_in(fast_forward, None, [kernel]))
     sized = compiled_shapes(shapes)
     with jax.enable_x64(True):
         result = _compiled(unnamed(arch), compiled_input(kernel, sized), clocks, wp, dp, np.int32(dispatch_start),
@@ -465,10 +487,12 @@ def simulate_batch(
     max_ticks: int = MAX_TICKS,
     dvfs_step: bool | None = None,
     closed_loop_step: bool | None = None,
+    fast_forward_step: bool | None = None,
     cta_slots: int | None = None,
     max_ctas: int | None = None,
     chunk: int | None = None,
     devices: Sequence | None = None,
+    fast_forward: bool = True,
 ) -> Result:
     """Simulate N configurations in one vmapped call (one compilation for equal static shapes).
 
@@ -480,7 +504,9 @@ def simulate_batch(
     step in (True) or out (False: every configuration must have DVFS off); None decides by the
     batch. A sweep passes True when any of its configurations has DVFS on, so that its chunks
     share one compilation. `closed_loop_step` likewise compiles in the closed loop's learning
-    (True) or leaves it out (False: no configuration may dispatch by `closed_loop`). `cta_slots`
+    (True) or leaves it out (False: no configuration may dispatch by `closed_loop`), and
+    `fast_forward_step` fast-forward's search (None: where a kernel of the batch could use it,
+    `fast_forward.may_fast_forward`; it is exact either way). `cta_slots`
     sizes the per-SM CTA-slot arrays at least this large (default: the batch's largest
     occupancy), and `max_ctas` the per-CTA trace (default: the batch's largest grid); a sweep
     passes its largest of each, for the same reason and so that every chunk's trace has the
@@ -489,7 +515,7 @@ def simulate_batch(
     elsewhere all at once) on each device. `devices` (default: the one
     device of an enclosing `jax.default_device`, else every local device of the default backend:
     on the CPU one per core, `engine/devices.py`) share the batch, each running a contiguous
-    slice of it. Results depend on neither.
+    slice of it. Results depend on neither, nor on `fast_forward` (as in `simulate`).
     """
     n = len(archs)
     check(len(kernels) == n and len(clocks) == n, "batch", (n, len(kernels), len(clocks)),
@@ -510,7 +536,8 @@ def simulate_batch(
                                  trace_len=_trace_len(trace_len), dvfs=_dvfs_step(dvfs_stack, dvfs_step),
                                  closed_loop=_compiled_in(uses_closed_loop(dispatch), closed_loop_step,
                                                           "closed_loop_step",
-                                                          "a configuration of the batch dispatches by closed_loop"))
+                                                          "a configuration of the batch dispatches by closed_loop"),
+                                 fast_forward=_fast_forward_in(fast_forward, fast_forward_step, kernels))
     check(chunk is None or (isinstance(chunk, (int, np.integer)) and 1 <= chunk <= 2**31 - 1), "chunk", chunk,
           "an integer in 1 .. 2^31 - 1, or None")
     chunk = default_chunk(shapes) if chunk is None else int(chunk)

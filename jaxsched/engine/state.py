@@ -72,6 +72,33 @@ class DvfsState(eqx.Module):
     trace_mk: Int[Array, "row sm"]  # int64
 
 
+class Recurrence(eqx.Module):
+    """Per SM, the state recorded at the last snapshot point of the search for a recurring state
+    (`fast_forward.py`, docs/model.md section 11): the warps' pcs and their ready times relative
+    to the SM's cycle (clamped at 0: a past time acts as "now"), the trip counts, the SM's
+    scheduling state and its counters. Snapshots are taken at doubling intervals of recorded
+    points (Brent's cycle detection)."""
+
+    valid: Bool[Array, " sm"]  # a snapshot exists, and every warp's memory results had arrived then
+    cycle: Int[Array, " sm"]
+    pc: Int[Array, "warp sm"]
+    trips: Int[Array, "warp sm"]
+    wake: Int[Array, "warp sm"]  # relative (INF kept)
+    fixed: Int[Array, "warp sm"]
+    short: Int[Array, "warp sm"]
+    fetch: Int[Array, "warp sm"]
+    pipe: Int[Array, "pipe sched sm"]  # relative, 1/64 cycle, int64
+    mio: Int[Array, " sm"]
+    last: Int[Array, "sched sm"]
+    credit: Int[Array, " sm"]
+    cta_id: Int[Array, "cta sm"]
+    arrived: Int[Array, "cta sm"]
+    g_waiting: Int[Array, " sm"]
+    counters: Int[Array, "count sm"]  # int64, `fast_forward.counter_rows` order
+    power: Int[Array, " sm"]  # points between snapshots, doubling
+    count: Int[Array, " sm"]  # points since the snapshot
+
+
 class Counters(eqx.Module):
     """Outputs accumulated while running (docs/model.md section 10). Per-SM counts are int64:
     64 warps x 2e9 cycles would overflow int32 within a few milliseconds of simulated time."""
@@ -128,6 +155,12 @@ class State(eqx.Module):
     kernel_end: Int[Array, " launch"]  # tick its last CTA completed
     counters: Counters
     dvfs: DvfsState
+    resume: Int[Array, " sm"]  # first tick at which the SM runs again: ahead of `tick` after a fast-forward
+    steps: Int[Array, ""]  # steps the event loop took (ticks processed)
+    recurrence: Recurrence
+
+
+N_COUNTER_ROWS = 6 + len(Op) + N_STALLS  # cycles, busy, issued, lanes, warp-cycles, items, per op, per reason
 
 
 def initial_state(shapes: Shapes) -> State:
@@ -135,6 +168,7 @@ def initial_state(shapes: Shapes) -> State:
     zi = lambda *shape: jnp.zeros(shape, jnp.int32)  # noqa: E731
     zl = lambda *shape: jnp.zeros(shape, jnp.int64)  # noqa: E731  (needs jax.enable_x64)
     r, n_op = shapes.trace_len, len(Op)
+    wf = w if shapes.fast_forward else 0  # without fast-forward the search keeps no warps
     return State(
         tick=zi(),
         freq=zi(s),
@@ -214,5 +248,27 @@ def initial_state(shapes: Shapes) -> State:
             trace_mhz=zi(r, s),
             trace_mw=zl(r, s),
             trace_mk=zl(r, s),
+        ),
+        resume=zi(s),
+        steps=zi(),
+        recurrence=Recurrence(
+            valid=jnp.zeros((s,), bool),
+            cycle=zi(s),
+            pc=jnp.full((wf, s), NO_WARP, jnp.int32),
+            trips=zi(wf, s),
+            wake=zi(wf, s),
+            fixed=zi(wf, s),
+            short=zi(wf, s),
+            fetch=zi(wf, s),
+            pipe=zl(N_PIPES, j, s),
+            mio=zi(s),
+            last=zi(j, s),
+            credit=zi(s),
+            cta_id=zi(c, s),
+            arrived=zi(c, s),
+            g_waiting=zi(s),
+            counters=zl(N_COUNTER_ROWS, s),
+            power=jnp.ones((s,), jnp.int32),
+            count=zi(s),
         ),
     )

@@ -24,6 +24,7 @@ from .cycle import run_tick
 from .dispatch import (CLOSED_LOOP, Slots, Variation, commit, has_work, learn_cta_durations, place, placed, plan,
                        start_warps)
 from .events import skip_to_next_event
+from .fast_forward import fast_forward
 from .grid_barrier import grid_barrier
 from .intervals import Clock, cta_warps, reclock, release
 from .launches import Launches, initial_ready
@@ -168,7 +169,7 @@ def _warp_work(runs: Run, states: State, t: _Touched, old_freq: Array, shapes: S
     return states, marked, took
 
 
-def step(runs: Run, states: State, shapes: Shapes) -> State:
+def step(runs: Run, states: State, shapes: Shapes, max_ticks: int) -> State:
     """One event of every configuration: the tick's SM cycles, the grid barrier, dispatch, DVFS,
     the per-warp work all of these leave (`_warp_work`), then the skip to the next event. An SM
     whose warps anything after its cycles touched (a release, new CTAs, a clock change) has its
@@ -186,15 +187,19 @@ def step(runs: Run, states: State, shapes: Shapes) -> State:
     touched = _Touched(released, v(placed)(states, slots), slots.cta_id, slots.cta_launch, due)
     states, marked, took = _warp_work(runs, states, touched, old_freq, shapes)
     states = v(lambda r, s, x, t: commit(s, x, t, r.launch, shapes))(runs, states, slots, took)
+    looks = looks._replace(changed=looks.changed | marked)
+    if shapes.fast_forward:
+        states, looks = fast_forward(runs, states, looks, shapes, max_ticks, one)
+    states = dataclasses.replace(states, steps=states.steps + 1)
     return v(lambda r, s, o: skip_to_next_event(s, r.launch, shapes, s.ctas_done >= r.launch.n_ctas, r.launches, o,
-                                                one))(runs, states, looks._replace(changed=looks.changed | marked))
+                                                one))(runs, states, looks)
 
 
 def _frozen(state: State) -> dict:
     """What results read that an ended configuration's steps would still change: its clocks keep
     ticking (cycles, DVFS), and a configuration stopped by the tick limit keeps running."""
     c = state.counters
-    return dict(tick=state.tick, ctas_done=state.ctas_done, last_exit_tick=state.last_exit_tick,
+    return dict(tick=state.tick, steps=state.steps, ctas_done=state.ctas_done, last_exit_tick=state.last_exit_tick,
                 kernel_ready=state.kernel_ready, kernel_start=state.kernel_start, kernel_end=state.kernel_end,
                 freq=state.freq, dvfs=state.dvfs,
                 counters=dataclasses.replace(c, cta_sm=None, cta_start_tick=None, cta_end_tick=None))
@@ -215,7 +220,7 @@ def loop(runs: Run, shapes: Shapes, max_ticks: int, begin: State | None = None) 
 
     def body(carry: tuple[State, Array]) -> tuple[State, Array]:
         states, n = carry
-        stepped = step(runs, states, shapes)
+        stepped = step(runs, states, shapes, max_ticks)
         if one_config:  # its loop stops with it: no step runs past its end
             return stepped, n + 1
         going = jax.vmap(lambda r, s: running(r, s, max_ticks))(runs, states)
