@@ -211,6 +211,23 @@ def test_run_json(capsys):
 # --------------------------------------------------------------------------- console script
 
 
+def test_run_no_fast_forward_same_numbers(capsys, tmp_path):
+    """`--no-fast-forward` steps every event: the same numbers, more ticks processed."""
+    kernel = tmp_path / "loop.toml"
+    kernel.write_text('name = "loop"\ngrid = 264\nthreads = 256\nregs = 32\n'
+                      'program = "loop 40\\n fma dep\\n alu\\n alu dep\\nend"\n')
+    docs = []
+    for extra in ((), ("--no-fast-forward",)):
+        rc, out, _ = run_cli(capsys, "run", str(kernel), "--warp-policy", "lrr", "--json", *extra)
+        assert rc == 0
+        docs.append(json.loads(out))
+    on, off = docs
+    assert on["ticks_stepped"] < off["ticks_stepped"] <= off["makespan_ticks"]
+    for doc in docs:
+        doc.pop("ticks_stepped")
+    assert on == off
+
+
 def test_console_script_occupancy():
     cmd = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "jaxsched.cli"]
     proc = subprocess.run(

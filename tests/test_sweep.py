@@ -81,6 +81,8 @@ def test_variation_clock_model_is_binned_and_capped():
         (("replicates = 2", "replicates = 0"), "replicates"),
         (('title = "test"', 'title = "test"\nbogus = 1'), "bogus"),
         (("[grid]", "[grid"), "malformed TOML"),
+        (("[kernel]", "[engine]\nfast_forward = 1\n[kernel]"), "engine.fast_forward"),
+        (("[kernel]", "[engine]\nfastforward = true\n[kernel]"), "engine.fastforward"),
     ],
 )
 def test_bad_specs_fail_before_compute(edit, message):
@@ -88,6 +90,14 @@ def test_bad_specs_fail_before_compute(edit, message):
     with pytest.raises(js.JaxschedError, match=message):
         spec = sweep.loads(text)
         list(sweep.configurations(spec))  # validation of every configuration, no simulation
+
+
+def test_engine_fast_forward_in_the_spec():
+    """`[engine] fast_forward = false` reaches the runner: the engine is compiled without the
+    search; the default compiles it in where a kernel of the sweep could use it."""
+    plain = SPEC.replace("[kernel]", "[engine]\nfast_forward = false\n[kernel]")
+    assert sweep.loads(SPEC).fast_forward and not sweep.loads(plain).fast_forward
+    assert not sweep.runner_for(sweep.loads(plain), None).fast_forward_step
 
 
 # --------------------------------------------------------------------------- chunk layout
