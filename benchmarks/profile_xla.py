@@ -68,8 +68,8 @@ def kernel_times_us(trace_dir: str) -> tuple[collections.Counter, collections.Co
 
     On a GPU only the device's own kernel events count: the host's entries (a `while` thunk's
     span includes its wait for every kernel queued before it) would count the same time twice
-    (session 16). On the CPU the kernels are the host's events; a loop's own entry (`while`) is
-    its total, inner kernels included."""
+    (benchmarks/RESULTS.md, "The H200's step, kernel by kernel"). On the CPU the kernels are the
+    host's events; a loop's own entry (`while`) is its total, inner kernels included."""
     path = max(glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True))
     with gzip.open(path) as stream:
         events = json.load(stream)["traceEvents"]

@@ -45,8 +45,8 @@ def test_closed_loop_is_not_worse_on_a_uniform_chip(waves):
 
 def test_closed_loop_with_launch_credit():
     # The full preset: a busy SM refills late, which already steers CTAs away from slow (busy)
-    # SMs, so the closed loop gains less. Measured (session 6: credit needed only to refill a
-    # slot, the hold ignoring slots that wait for credit): 9107 vs 9397 ns (-3.1 %) with 20
+    # SMs, so the closed loop gains less. Measured (credit needed only to refill a slot, the
+    # hold ignoring slots that wait for credit): 9107 vs 9397 ns (-3.1 %) with 20
     # half-speed SMs; 0.0 % on a uniform chip at 2 waves. The bound
     # there is the H200's own launch-to-launch spread of multi-wave kernels (0.6-3.9 %,
     # data/h200/summary.json).

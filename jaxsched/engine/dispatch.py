@@ -224,7 +224,8 @@ def _place_one(
     j = jnp.argmax(takes[:, sm]).astype(jnp.int32)  # lowest free slot that can take it
     n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled, dtype=jnp.int32), 1)
     # Masks rather than `.at[j, sm]` updates: vmapped, a scalar update is a scatter, which the
-    # CPU runs as a kernel of its own; a select fuses with its neighbours (session 15).
+    # CPU runs as a kernel of its own; a select fuses with its neighbours (benchmarks/RESULTS.md,
+    # "Scatters out of the CPU's loops, the ratio measured in rounds").
     at_s = jnp.arange(slots.resident.shape[0]) == sm
     at_js = (jnp.arange(slots.cta_id.shape[0])[:, None] == j) & at_s
     placed = Slots(

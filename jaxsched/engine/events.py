@@ -93,7 +93,7 @@ def skip_to_next_event(
     release, dispatch, a clock change) touched an SM's warps. `one`: a traced 1 for `once`,
     which materialises the per-SM search (`_next_cycle_event`): the counters and the chip-wide
     minimum read it, and would each recompute it in their fusions (benchmarks/RESULTS.md,
-    session 20)."""
+    "The CPU step's recomputed values, found through a profile without the per-kernel overhead")."""
     k = state.tick
     ready, by_cycle = once(lambda: _next_cycle_event(state, launch, look), one)
     per_sm = jnp.where(launch.sm_enabled, by_cycle, INF)

@@ -255,7 +255,8 @@ def _run_batch(*config, shapes: Shapes, max_ticks: int) -> Result:
 # step reads and writes some thirty [configuration, SM, warp] arrays, and past the core's own
 # cache the CPU waits on memory. One H200 configuration keeps them within a 2 MiB L2; a batch
 # also waits on its slowest member. An 8-SM chip runs 18 at a time, where per-kernel overheads
-# weigh more (benchmarks/RESULTS.md, sessions 10 and 14).
+# weigh more (benchmarks/RESULTS.md, "Per-scheduler reductions along the minor axis, no 64-bit histogram,
+# CPU chunks" and "One CPU device per core").
 _CPU_CHUNK_WARP_SLOTS = 144 * 64
 
 
