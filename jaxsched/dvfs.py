@@ -165,7 +165,7 @@ def validate_dvfs(d: Dvfs) -> None:
         check_floats(v[name], f(name), 0, MAX_PERIOD_US, f"in (0, {MAX_PERIOD_US:g}] us (int32 ticks at 10 GHz)",
                      low_open=True)
     for name in ("latency_us", "droop_delay_us"):
-        check_floats(v[name], f(name), 0, MAX_PERIOD_US, f"in [0, period_us]")
+        check_floats(v[name], f(name), 0, MAX_PERIOD_US, "in [0, period_us]")
     check_floats(v["phase"], f("phase"), 0, 1, "a fraction of the period in [0, 1)")
     check_floats(v["power_cap_w"], f("power_cap_w"), 0, 1e5, "in (0, 1e5] W", low_open=True)
     for name in ("uncore_w", "leak_w", "noise_w", "droop_mhz_per_w"):

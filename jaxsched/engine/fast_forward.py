@@ -45,6 +45,7 @@ from ..kernel import Kernel
 from ..lower import Launch, Shapes
 from .cycle import Outlook
 from .exact import floor_div
+from .launch_credit import can_launch
 from .launches import Launches
 from .materialize import once
 from .power import next_dvfs_event
@@ -125,8 +126,7 @@ def _could_take_cta(state: State, launch: Launch, shapes: Shapes, launches: Laun
     its own."""
     in_range = jnp.arange(shapes.cta_slots, dtype=jnp.int32)[:, None] < launch.ctas_per_sm
     free = in_range & (state.cta_id < 0)
-    refill = jnp.any(free & ~state.cta_used, axis=0) | (jnp.any(free, axis=0)
-                                                        & (state.launch_credit >= launch.launch_idle_cycles))
+    refill = jnp.any(free & ~state.cta_used, axis=0) | (jnp.any(free, axis=0) & can_launch(state.launch_credit, launch))
     return refill & jnp.any(state.next_cta < launches.n_ctas)
 
 
@@ -142,7 +142,6 @@ class _Found(NamedTuple):
     point: Bool[Array, " sm"]  # the SM issued: a point of the search
     changed: Bool[Array, " sm"]  # its CTAs or active warps differ from the snapshot's
     recurs: Bool[Array, " sm"]  # its state equals the snapshot's, over a period that qualifies
-    delta: Int[Array, "count sm"]  # counter gains over that period
 
 
 class _Jump(NamedTuple):
@@ -156,15 +155,15 @@ class _Jump(NamedTuple):
 
 def _find(state: State, look: Outlook, launch: Launch, shapes: Shapes, launches: Launches) -> _Found:
     """The point's findings; `recurs` from the cheap part of the comparison only."""
-    r, w = state.recurrence, state.warps
+    r, c = state.recurrence, state.counters
     point = look.issued & launch.sm_enabled & (state.resume <= state.tick)
-    delta = counter_rows(state.counters) - r.counters
-    has_gsync = jnp.any(launch.grid_sync)
-    quiet = ((delta[_OP + Op.LDG] == 0) & (delta[_ITEMS] == 0) & ~(has_gsync & (delta[_OP + Op.BAR] > 0))
+    since = lambda now, row: now != r.counters[row]  # noqa: E731  (the counter moved since the snapshot)
+    quiet = (~since(c.sm_issued_op[Op.LDG], _OP + Op.LDG) & ~since(c.sm_items, _ITEMS)
+             & ~(jnp.any(launch.grid_sync) & since(c.sm_issued_op[Op.BAR], _OP + Op.BAR))
              & ~_could_take_cta(state, launch, shapes, launches))
     changed = _structure_changed(state, r)
     candidate = point & r.valid & ~changed & (state.cycle > r.cycle) & quiet & _same_scalars(state, r)
-    return _Found(point=point, changed=changed, recurs=candidate, delta=delta)
+    return _Found(point=point, changed=changed, recurs=candidate)
 
 
 def _jump(state: State, found: _Found, launch: Launch, launches: Launches, max_ticks: int) -> _Jump:
@@ -193,7 +192,7 @@ def _jump(state: State, found: _Found, launch: Launch, launches: Launches, max_t
     return _Jump(m=m, shift=(m * period).astype(jnp.int32), ahead=ahead, acc=acc)
 
 
-def _apply(state: State, look: Outlook, found: _Found, j: _Jump, launch: Launch) -> tuple[State, Outlook]:
+def _apply(state: State, look: Outlook, j: _Jump, launch: Launch) -> tuple[State, Outlook]:
     """Move the jumped SMs `m` periods on: warps' trips and times, pipes, counters, the clock
     phase, the tick they resume at, and their snapshots with them."""
     r, w = state.recurrence, state.warps
@@ -209,7 +208,8 @@ def _apply(state: State, look: Outlook, found: _Found, j: _Jump, launch: Launch)
         ready_mio=moved(w.ready_mio),
         ready_fetch=moved(w.ready_fetch),
     )
-    gained = jnp.where(jump, j.m.astype(jnp.int64) * found.delta, 0)
+    rows = counter_rows(state.counters)
+    gained = jnp.where(jump, j.m.astype(jnp.int64) * (rows - r.counters), 0)
     credit = jnp.where(jump, j.m * (state.launch_credit - r.credit), 0)
     capped = lambda c: jnp.minimum(c + credit, jnp.maximum(c, launch.launch_idle_cycles))  # noqa: E731
     recurrence = replace(r, cycle=moved(r.cycle), trips=jnp.where(looping, r.trips - j.m * gains, r.trips),
@@ -222,7 +222,7 @@ def _apply(state: State, look: Outlook, found: _Found, j: _Jump, launch: Launch)
         resume=jnp.where(jump, state.tick + j.ahead + 1, state.resume),
         pipe_free64=jnp.where(jump, state.pipe_free64 + 64 * j.shift.astype(jnp.int64), state.pipe_free64),
         warps=warps,
-        counters=_from_rows(state.counters, counter_rows(state.counters) + gained),
+        counters=_from_rows(state.counters, rows + gained),
         recurrence=recurrence,
     )
     return out, look._replace(next_wake=jnp.where(jump & (look.next_wake < INF), look.next_wake + j.shift,
@@ -285,7 +285,7 @@ def fast_forward(runs: Run, states: State, looks: Outlook, shapes: Shapes, max_t
 
     def jumped() -> tuple[State, Outlook]:
         jumps = v(lambda r, s, x: _jump(s, x, r.launch, r.launches, max_ticks))(runs, states, found)
-        return v(lambda r, s, o, x, y: _apply(s, o, x, y, r.launch))(runs, states, looks, found, jumps)
+        return v(lambda r, s, o, x: _apply(s, o, x, r.launch))(runs, states, looks, jumps)
 
     states, looks = cond(jnp.any(recurs), jumped, lambda: (states, looks))
     states, take = v(_search)(states, found)
