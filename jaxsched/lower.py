@@ -47,6 +47,7 @@ class Shapes:
     dvfs: bool = True  # False when every configuration has DVFS off: section 12's step is compiled out
     closed_loop: bool = True  # False when no configuration dispatches by the closed loop: its learning is compiled out
     fast_forward: bool = True  # jump whole periods of an SM's recurring state (docs/model.md section 11)
+    free_sms: bool = True  # SMs may run on their own time between chip events (engine/decouple.py)
 
     @property
     def warps_per_scheduler(self) -> int:

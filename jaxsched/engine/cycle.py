@@ -28,14 +28,14 @@ from .variation import resolve_pc
 LRR, GTO, OLDEST = 0, 1, 2
 
 
-def clock_edges(state: State, launch: Launch) -> tuple[Bool[Array, " sm"], Int[Array, " sm"]]:
-    """Which SMs execute a cycle in this tick, and their phase accumulators afterwards. An SM
-    that a fast-forward put ahead of the tick (`State.resume`) neither executes nor accumulates
-    until the tick catches up with it."""
-    live = launch.sm_enabled & (state.tick >= state.resume)
+def clock_edges(state: State, launch: Launch, run: Bool[Array, " sm"]) -> tuple[Bool[Array, " sm"], Int[Array, " sm"]]:
+    """Which SMs execute a cycle in the tick each runs (`run`: the SMs that run in this step),
+    and their phase accumulators afterwards. An SM that does not run in this step (ahead of the
+    chip after a fast-forward, waiting for the dispatcher, floorswept) neither executes nor
+    accumulates."""
     acc = state.acc + state.freq
-    edge = (acc >= launch.tick_mhz) & live
-    return edge, jnp.where(edge, acc - launch.tick_mhz, jnp.where(live, acc, state.acc))
+    edge = (acc >= launch.tick_mhz) & run
+    return edge, jnp.where(edge, acc - launch.tick_mhz, jnp.where(run, acc, state.acc))
 
 
 def _gpu_forms() -> bool:
@@ -171,16 +171,17 @@ class Outlook(NamedTuple):
     issued: Bool[Array, " sm"]  # the SM issued in this tick (a point of the recurrence search)
 
 
-def _issue(state: State, launch: Launch, shapes: Shapes, launches: Launches, ready_before: Int[Array, "sched sm"],
-           next_wake_before: Int[Array, " sm"], sel: Bool[Array, "warp sm"], has: Bool[Array, "sched sm"],
-           q_sel: Int[Array, "sched sm"], edge: Bool[Array, " sm"], acc: Int[Array, " sm"]) -> dict[str, Array]:
+def _issue(state: State, launch: Launch, shapes: Shapes, launches: Launches, k: Int[Array, " sm"],
+           ready_before: Int[Array, "sched sm"], next_wake_before: Int[Array, " sm"], sel: Bool[Array, "warp sm"],
+           has: Bool[Array, "sched sm"], q_sel: Int[Array, "sched sm"], edge: Bool[Array, " sm"], acc: Int[Array, " sm"]
+           ) -> dict[str, Array]:
     """What each scheduler's issuing warp does in this cycle (section 7), [sched, sm] unless
     noted: its instruction decoded, the pipes, MIO backlog and chip queues it joins, its
     barrier arrival, exit or loop back-edge, its next pc and ready times, and its next blocked
     interval; plus what the tick leaves for the event search (`Outlook`'s `ready` and
     `next_wake`). Everything the rest of the tick reads of an issue, so that `once` can
-    materialise it in one go."""
-    k, c, w = state.tick, state.cycle, state.warps
+    materialise it in one go. `k`: the tick each SM runs."""
+    c, w = state.cycle, state.warps
     pick = lambda x: _of_selected(x, sel, q_sel, shapes)  # noqa: E731
     pc_s = jnp.clip(pick(w.pc), 0, shapes.n_instr - 1)
     launch_s = pick(w.launch) if shapes.n_launches > 1 else jnp.zeros_like(pc_s)
@@ -254,8 +255,11 @@ def _issue(state: State, launch: Launch, shapes: Shapes, launches: Launches, rea
 
 
 def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches, one: Int[Array, ""],
-             policy: Int[Array, ""] | None = None) -> tuple[State, Outlook, Bool[Array, "cta sm"]]:
-    """Execute the SM cycles of tick `state.tick` (section 7), complete CTAs and launches, and
+             tick: Int[Array, " sm"], run: Bool[Array, " sm"], policy: Int[Array, ""] | None = None
+             ) -> tuple[State, Outlook, Bool[Array, "cta sm"]]:
+    """Execute the cycle of each SM that runs in this step (`run`) at the tick it runs (`tick`;
+    every SM at the chip's tick, or each at its own where SMs run on their own time:
+    `decouple.py`) (section 7), complete CTAs and launches, and
     learn which launches became ready (section 13); no dispatch (the closed loop learns the
     completed CTAs' durations there: `dispatch.learn_cta_durations`). `launches`: the per-launch
     tables (`launches.single(launch, shapes)` for one kernel); `one`: a traced 1 for `once`;
@@ -267,14 +271,15 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches, o
     ones; what an issue does is decoded and computed per scheduler for its selected warp
     (`_issue`, materialised by `once`), then written back where `sel`. The issuing warp's next
     blocked interval is counted now, whole."""
-    k = state.tick
-    edge, acc = clock_edges(state, launch)
+    k = tick
+    edge, acc = clock_edges(state, launch, run)
     c = state.cycle
     w = state.warps
     throttle = throttled(state.pipe_free64, state.mio, launch.mio_depth, c)
     sc = scan(w.wake, w.issue_class, throttle, c, shapes)
     sel, has, q_sel = select(state, launch, shapes, sc.eligible, edge, policy)
-    iss = once(lambda: _issue(state, launch, shapes, launches, sc.ready, sc.next_wake, sel, has, q_sel, edge, acc), one)
+    iss = once(lambda: _issue(state, launch, shapes, launches, k, sc.ready, sc.next_wake, sel, has, q_sel, edge, acc),
+               one)
     warps = _write_back(w, {key: iss[key] for key in _FIELDS}, sel, has, q_sel, shapes)
 
     cta_arrived = state.cta_arrived + _per_cta((iss["arrive"] & ~iss["grid_arrive"]).astype(jnp.int32),
@@ -297,6 +302,7 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches, o
                         short=blocked_cycles[1], wait=blocked_cycles[2], barrier=e * n_barrier,
                         mio=e * ready.mio_throttle, pipe=e * ready.pipe_throttle)
     end_ids = jnp.where(complete, state.cta_id, shapes.max_ctas)  # out of range: dropped
+    end_tick = jnp.max(jnp.where(complete, k, -1))  # the latest completion (ticks differ on their own time)
     counters = replace(
         counters,
         sm_cycles=counters.sm_cycles + e,
@@ -306,13 +312,14 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches, o
         sm_active_lanes=counters.sm_active_lanes + jnp.sum(iss["active_lanes"], axis=0, dtype=jnp.int64),
         sm_warp_cycles=counters.sm_warp_cycles + e * n_active,
         sm_stalls=counters.sm_stalls + stalls,
-        cta_end_tick=counters.cta_end_tick.at[end_ids.reshape(-1)].set(k, mode="drop"),
+        cta_end_tick=counters.cta_end_tick.at[end_ids.reshape(-1)].set(
+            jnp.broadcast_to(k, end_ids.shape).reshape(-1), mode="drop"),
         sm_items=counters.sm_items + jnp.sum(iss["take"], axis=0, dtype=jnp.int64),
     )
     # Launches complete with their last CTA; their successors learn when they may start.
     done_now = per_launch_sum(complete.astype(jnp.int32), state.cta_launch, shapes.n_launches)
     kernel_done = state.kernel_done + done_now
-    kernel_end = jnp.where(done_now > 0, k, state.kernel_end)
+    kernel_end = jnp.where(done_now > 0, jnp.maximum(state.kernel_end, end_tick), state.kernel_end)
     out = replace(
         state,
         kernel_done=kernel_done,
@@ -336,7 +343,8 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches, o
         g_waiting=state.g_waiting + jnp.sum(iss["grid_arrive"], axis=0, dtype=jnp.int32),
         items_taken=state.items_taken + jnp.sum(iss["take"], dtype=jnp.int32),
         ctas_done=state.ctas_done + n_done,
-        last_exit_tick=jnp.where(n_done > 0, k, state.last_exit_tick),
+        last_exit_tick=jnp.maximum(state.last_exit_tick, end_tick),
+        acct=jnp.where(run, k, state.acct),
         counters=counters,
     )
     # Last in the cycle: starved schedulers (start-of-cycle state) earn launch credit while the

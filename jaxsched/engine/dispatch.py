@@ -70,6 +70,7 @@ class Slots(NamedTuple):
     resident: Int[Array, " sm"]
     live_warps: Int[Array, " sm"]
     start: Int[Array, "cta sm"]  # start tick of each slot's CTA (closed loop)
+    key: Int[Array, "cta sm"]  # the score each slot's CTA was placed at (int64): its order within its tick
     next_cta: Int[Array, " launch"]
     rr_pointer: Int[Array, ""]
     credit: Int[Array, " sm"]  # launch credit (docs/model.md section 9)
@@ -176,6 +177,13 @@ def next_usable_tick(state: State, launch: Launch, shapes: Shapes, launches: Lau
     return jnp.where(jnp.any(state.next_cta < launches.n_ctas), soonest, INF)
 
 
+def takes_now(state: State, launch: Launch, shapes: Shapes, tick: Int[Array, " sm"]) -> Bool[Array, "cta sm"]:
+    """The free slots of each SM that could take a CTA at its tick `tick` (`_takes_now` on the
+    state)."""
+    return ((state.cta_id < 0) & _usable_slots(state, launch, shapes, tick)
+            & (~state.cta_used | can_launch(state.launch_credit, launch)))
+
+
 def _takes_now(
     slots: Slots, usable: Bool[Array, "cta sm"], fresh: Bool[Array, "cta sm"], launch: Launch
 ) -> Bool[Array, "cta sm"]:
@@ -206,6 +214,7 @@ def _place_one(
     fresh: Bool[Array, "cta sm"],
     est_all: Int[Array, "launch sm"],
     tick: Int[Array, ""],
+    start_tick: Int[Array, " sm"],
     closed_loop: bool,
 ) -> Slots:
     """Place the head launch's next CTA (docs/model.md sections 9 and 13); without
@@ -233,7 +242,8 @@ def _place_one(
         cta_launch=jnp.where(at_js, head, slots.cta_launch),
         resident=slots.resident + at_s.astype(jnp.int32),
         live_warps=slots.live_warps + at_s * launch.warps_per_cta,
-        start=jnp.where(at_js, tick, slots.start),
+        start=jnp.where(at_js, start_tick[sm], slots.start),
+        key=jnp.where(at_js, score[sm], slots.key),
         next_cta=slots.next_cta + (jnp.arange(slots.next_cta.shape[0]) == head),
         rr_pointer=jnp.where(launch.dispatch_policy == ROUND_ROBIN,
                              (launch.dispatch_rank[sm] + 1) % n_enabled, slots.rr_pointer),
@@ -294,6 +304,7 @@ class Plan(NamedTuple):
     """What the tick's placements read and do not change (docs/model.md section 9)."""
 
     tick: Int[Array, ""]
+    start: Int[Array, " sm"]  # the tick each SM takes its CTAs at (the chip's, or its own: `decouple.py`)
     ready: Int[Array, " launch"]
     usable: Bool[Array, "cta sm"]  # past the launch latency
     usable_tick: Int[Array, "cta sm"]
@@ -301,15 +312,18 @@ class Plan(NamedTuple):
     est: Int[Array, "launch sm"]  # the closed loop's censored estimates (unread without `closed_loop`)
 
 
-def plan(state: State, launch: Launch, shapes: Shapes, tick: Int[Array, ""], closed_loop: bool
-         ) -> tuple[Slots, Plan]:
-    """The CTA-slot table and the fixed inputs of the tick's placements (the closed loop's
-    censored estimates only with `closed_loop`)."""
+def plan(state: State, launch: Launch, shapes: Shapes, tick: Int[Array, ""], closed_loop: bool,
+         start: Int[Array, " sm"], candidate: Bool[Array, " sm"]) -> tuple[Slots, Plan]:
+    """The CTA-slot table and the fixed inputs of the placements (the closed loop's censored
+    estimates only with `closed_loop`): the SMs that may take CTAs now (`candidate`), each at
+    its tick `start` (the chip's `tick`, or the SM's own where SMs run on their own time)."""
     live = jnp.sum(state.cta_live, axis=0, dtype=jnp.int32)
-    slots = Slots(state.cta_id, state.cta_launch, state.resident, live, state.cta_start, state.next_cta,
-                   state.rr_pointer, state.launch_credit, jnp.bool_(False))
+    slots = Slots(state.cta_id, state.cta_launch, state.resident, live, state.cta_start,
+                  jnp.zeros_like(state.cta_start, jnp.int64), state.next_cta, state.rr_pointer, state.launch_credit,
+                  jnp.bool_(False))
+    usable = _usable_slots(state, launch, shapes, start) & candidate
     # A slot placed in this tick is occupied, so `fresh` needs no update during the tick.
-    return slots, Plan(tick, state.kernel_ready, _usable_slots(state, launch, shapes, tick), state.cta_usable_tick,
+    return slots, Plan(tick, start, state.kernel_ready, usable, state.cta_usable_tick,
                        ~state.cta_used, _censored_estimate(state, tick) if closed_loop else state.dispatch_est)
 
 
@@ -327,7 +341,7 @@ def place(slots: Slots, work: Bool[Array, ""], p: Plan, launch: Launch, launches
     configuration has work, so every configuration's placements are its own sequence, as the
     model's loop within a tick."""
     new = _place_one(slots, launch, launches, p.ready, shapes, p.usable, p.usable_tick, p.fresh, p.est, p.tick,
-                     closed_loop)
+                     p.start, closed_loop)
     slots = jax.tree.map(lambda a, b: jnp.where(work, a, b), new, slots)
     return slots, work & has_work(slots, p, launch, launches)
 
@@ -338,13 +352,13 @@ def placed(state: State, slots: Slots) -> Bool[Array, "cta sm"]:
 
 
 def commit(state: State, slots: Slots, took: Int[Array, " sm"], launch: Launch, shapes: Shapes) -> State:
-    """The CTA tables and counters after the tick's placements (`slots`) and the work items their
+    """The CTA tables and counters after the placements (`slots`) and the work items their
     warps took (`took`, from `start_warps`; its warps are set there)."""
-    tick = state.tick
     new = placed(state, slots)
     k = state.counters
     ids = jnp.where(new, slots.cta_id, shapes.max_ctas).reshape(-1)  # out of range: dropped
     sm_of = jnp.broadcast_to(jnp.arange(shapes.n_sm, dtype=jnp.int32)[None, :], new.shape).reshape(-1)
+    first = jnp.min(jnp.where(new, slots.start, INF))
     return replace(
         state,
         cta_id=slots.cta_id,
@@ -356,7 +370,7 @@ def commit(state: State, slots: Slots, took: Int[Array, " sm"], launch: Launch, 
         dispatch_hold=slots.hold,
         resident=slots.resident,
         next_cta=slots.next_cta,
-        kernel_start=jnp.where((state.next_cta == 0) & (slots.next_cta > 0), tick, state.kernel_start),
+        kernel_start=jnp.where((state.next_cta == 0) & (slots.next_cta > 0), first, state.kernel_start),
         rr_pointer=slots.rr_pointer,
         launch_credit=slots.credit,
         items_taken=state.items_taken + jnp.sum(took, dtype=jnp.int32),
@@ -365,6 +379,7 @@ def commit(state: State, slots: Slots, took: Int[Array, " sm"], launch: Launch, 
             sm_items=k.sm_items + took,
             sm_ctas=k.sm_ctas + jnp.sum(new, axis=0, dtype=jnp.int32),
             cta_sm=k.cta_sm.at[ids].set(sm_of, mode="drop"),
-            cta_start_tick=k.cta_start_tick.at[ids].set(tick, mode="drop"),
+            cta_start_tick=k.cta_start_tick.at[ids].set(slots.start.reshape(-1), mode="drop"),
+            cta_key=k.cta_key.at[ids].set(slots.key.reshape(-1), mode="drop"),
         ),
     )

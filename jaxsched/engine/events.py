@@ -20,6 +20,7 @@ from jaxtyping import Array, Int
 from ..lower import QUEUE_ONE_TICK, Launch, Shapes
 from .exact import floor_div
 from .cycle import Outlook
+from .decouple import Decoupling, chip_tick, limit
 from .dispatch import next_usable_tick
 from .launch_credit import collect, cycles_to_full, has_free_slot
 from .launches import Launches, next_ready_tick
@@ -32,9 +33,9 @@ _MAX_AHEAD_CYCLES = 1 << 17  # x MAX_MHZ stays in int32; a farther event just co
 
 
 def last_tick(state: State) -> Int[Array, " sm"]:
-    """The last tick each SM has run: the tick just executed, or for an SM a fast-forward put
-    ahead, the tick before it resumes."""
-    return jnp.maximum(state.tick, state.resume - 1)
+    """The last tick each SM has run and counted: the tick just executed, the tick before it
+    resumes for an SM a fast-forward put ahead, or its own on its own time (`decouple.py`)."""
+    return state.acct
 
 
 def ticks_until_cycle(
@@ -83,28 +84,40 @@ def _next_cycle_event(state: State, launch: Launch, look: Outlook) -> tuple[Read
     return ready, jnp.where(next_cycle < INF, last_tick(state) + ticks_until_cycle(state, launch, next_cycle), INF)
 
 
+def _usable_ticks(state: State, launch: Launch, shapes: Shapes) -> Int[Array, " sm"]:
+    """Per SM, the earliest tick after the last it ran at which a free slot becomes usable (INF:
+    none), for an SM on its own time (`decouple.py`)."""
+    in_range = jnp.arange(shapes.cta_slots, dtype=jnp.int32)[:, None] < launch.ctas_per_sm
+    waiting = in_range & (state.cta_id < 0) & (state.cta_usable_tick > state.acct)
+    return jnp.min(jnp.where(waiting, state.cta_usable_tick, INF), axis=0)
+
+
 def skip_to_next_event(
     state: State, launch: Launch, shapes: Shapes, done: Array, launches: Launches, look: Outlook,
-    one: Int[Array, ""]
+    one: Int[Array, ""], d: Decoupling, max_ticks: int,
 ) -> State:
-    """Advance from the tick just executed (state.tick) to the next event tick (nothing is
-    skipped once `done`: the counters must stop at the makespan). `look`: what the tick left
-    (`cycle.run_tick`), with `changed` set where anything after the SM cycles (a grid-barrier
-    release, dispatch, a clock change) touched an SM's warps. `one`: a traced 1 for `once`,
-    which materialises the per-SM search (`_next_cycle_event`): the counters and the chip-wide
-    minimum read it, and would each recompute it in their fusions (benchmarks/RESULTS.md,
-    "The CPU step's recomputed values, found through a profile without the per-kernel overhead")."""
+    """Advance every SM from the last tick it ran (`State.acct`) to its next event (nothing is
+    skipped once `done`: the counters must stop at the makespan): at the chip's tick, the
+    earliest event of any SM and of the chip; on their own time (`decouple.py`), its own, up to
+    the last tick it may run. `look`: what the step's SM cycles left (`cycle.run_tick`), with
+    `changed` set where anything after them (a grid-barrier release, dispatch, a clock change)
+    touched an SM's warps. `one`: a traced 1 for `once`, which materialises the per-SM search
+    (`_next_cycle_event`): the counters and the minimum read it, and would each recompute it in
+    their fusions (benchmarks/RESULTS.md, "The CPU step's recomputed values, found through a
+    profile without the per-kernel overhead")."""
     k = state.tick
     ready, by_cycle = once(lambda: _next_cycle_event(state, launch, look), one)
     per_sm = jnp.where(launch.sm_enabled, by_cycle, INF)
     # The cycle at which an SM's launch credit fills up makes its free slots usable (section 11).
     free = has_free_slot(state, launch, shapes)
+    remain = jnp.any(state.next_cta < launches.n_ctas)
     to_full = cycles_to_full(state.launch_credit, ready.starved, free, launch)
-    credit_full = jnp.where((to_full > 0) & launch.sm_enabled & jnp.any(state.next_cta < launches.n_ctas),
+    credit_full = jnp.where((to_full > 0) & launch.sm_enabled & remain,
                             last_tick(state) + ticks_until_cycle(state, launch, state.cycle + to_full - 1), INF)
     per_sm = jnp.minimum(per_sm, credit_full)
-    # Grid-barrier releases (section 8), freed CTA slots becoming usable (section 9), clock
-    # changes (section 12) and launches becoming ready (section 13) are events too.
+    # At the chip's tick: grid-barrier releases (section 8), freed CTA slots becoming usable
+    # (section 9), clock changes (section 12) and launches becoming ready (section 13) are events
+    # too.
     nxt = jnp.minimum(jnp.minimum(jnp.min(per_sm), next_usable_tick(state, launch, shapes, launches)),
                       jnp.minimum(state.g_release, next_dvfs_event(state, launch)))
     nxt = jnp.minimum(nxt, next_ready_tick(state.kernel_ready, state.next_cta, launches, k))
@@ -114,9 +127,16 @@ def skip_to_next_event(
     # Time always moves on, so that the loop ends at max_ticks whatever it is given (a last
     # guard: validated inputs never need it).
     nxt = jnp.maximum(nxt, k + 1)
-    skipped = nxt - k - 1
-    # An SM ahead of the tick runs none of the skipped ticks before it resumes.
-    mine = jnp.maximum(nxt - jnp.maximum(k + 1, state.resume), 0)
+    # On its own time: the SM's next cycle event, a slot becoming usable (or the launch becoming
+    # ready), or the tick after the last it may run in this step (it waits there for the chip).
+    start_at = state.kernel_ready[0]  # on their own time there is one launch (`decouple.py`)
+    usable = jnp.where(start_at > state.acct, jnp.where(free, start_at, INF), _usable_ticks(state, launch, shapes))
+    own = jnp.minimum(per_sm, jnp.where(remain, usable, INF))
+    own = jnp.minimum(own, limit(state, launch, d, max_ticks) + 1)
+    own = jnp.where(done, state.acct + 1, jnp.maximum(own, state.acct + 1))
+    # An SM ahead of the chip's tick runs none of the skipped ticks before it resumes.
+    resume = jnp.where(d.free, own, jnp.maximum(nxt, state.resume))
+    mine = jnp.maximum(resume - state.acct - 1, 0)
 
     cycles, acc = cycles_in_ticks(state, launch, mine)
     n_active = jnp.sum(state.cta_live, axis=0, dtype=jnp.int64)
@@ -134,10 +154,9 @@ def skip_to_next_event(
                                                   barrier=weight * n_barrier, mio=weight * ready.mio_throttle,
                                                   pipe=weight * ready.pipe_throttle),
     )
-    drained = jnp.minimum(skipped + 1, 1 << 20) * QUEUE_ONE_TICK
-    return replace(
+    drained = jnp.minimum(nxt - k, 1 << 20) * QUEUE_ONE_TICK
+    out = replace(
         state,
-        tick=nxt,
         acc=acc,
         cycle=state.cycle + cycles,
         mio=jnp.maximum(state.mio - cycles, 0),
@@ -145,4 +164,7 @@ def skip_to_next_event(
         q_l2=jnp.maximum(state.q_l2 - drained, 0),
         q_dram=jnp.maximum(state.q_dram - drained, 0),
         counters=counters,
+        resume=resume,
+        acct=jnp.maximum(state.acct, resume - 1),
     )
+    return replace(out, tick=chip_tick(out, launch, d, max_ticks, nxt))

@@ -156,7 +156,7 @@ class _Jump(NamedTuple):
 def _find(state: State, look: Outlook, launch: Launch, shapes: Shapes, launches: Launches) -> _Found:
     """The point's findings; `recurs` from the cheap part of the comparison only."""
     r, c = state.recurrence, state.counters
-    point = look.issued & launch.sm_enabled & (state.resume <= state.tick)
+    point = look.issued & launch.sm_enabled
     since = lambda now, row: now != r.counters[row]  # noqa: E731  (the counter moved since the snapshot)
     quiet = (~since(c.sm_issued_op[Op.LDG], _OP + Op.LDG) & ~since(c.sm_items, _ITEMS)
              & ~(jnp.any(launch.grid_sync) & since(c.sm_issued_op[Op.BAR], _OP + Op.BAR))
@@ -175,8 +175,8 @@ def _jump(state: State, found: _Found, launch: Launch, launches: Launches, max_t
     looping = (w.pc != NO_WARP) & (gains > 0)
     per_warp = floor_div(jnp.maximum(w.trips_left - 1, 0), jnp.maximum(gains, 1))
     by_trips = jnp.min(jnp.where(looping, per_warp, INF), axis=0)
-    # The SM's cycles in ticks k+1 .. h-1, h the horizon.
-    room = jnp.clip(horizon(state, launch, max_ticks) - 1 - state.tick, 0, _FAR)
+    # The SM's cycles in ticks k+1 .. h-1, k the tick it ran, h the horizon.
+    room = jnp.clip(horizon(state, launch, max_ticks) - 1 - state.acct, 0, _FAR)
     by_time = floor_div(cycles_in(state.freq, state.acc, launch.tick_mhz, room), jnp.maximum(period, 1))
     # Launch credit that grows over the period (a free slot waits for it) stays below a refill's
     # need while CTAs remain; after the last CTA it only saturates.
@@ -219,7 +219,8 @@ def _apply(state: State, look: Outlook, j: _Jump, launch: Launch) -> tuple[State
         cycle=moved(state.cycle),
         acc=jnp.where(jump, j.acc, state.acc),
         launch_credit=capped(state.launch_credit),
-        resume=jnp.where(jump, state.tick + j.ahead + 1, state.resume),
+        resume=jnp.where(jump, state.acct + j.ahead + 1, state.resume),
+        acct=jnp.where(jump, state.acct + j.ahead, state.acct),
         pipe_free64=jnp.where(jump, state.pipe_free64 + 64 * j.shift.astype(jnp.int64), state.pipe_free64),
         warps=warps,
         counters=_from_rows(state.counters, rows + gained),
@@ -245,7 +246,7 @@ def _search(state: State, found: _Found) -> tuple[State, Bool[Array, " sm"]]:
 def _snapshot(state: State, take: Bool[Array, " sm"]) -> State:
     """Record the state of the SMs where `take` as their new snapshot."""
     r, v = state.recurrence, _view(state)
-    settled = jnp.all((v.pc == NO_WARP) | (state.warps.ready_mem <= state.tick + 1), axis=0)
+    settled = jnp.all((v.pc == NO_WARP) | (state.warps.ready_mem <= state.acct + 1), axis=0)
     snap = lambda new, old: jnp.where(take, new, old)  # noqa: E731
     recurrence = replace(
         r,

@@ -138,11 +138,10 @@ def _controller(dv: DvfsState, launch: Launch, doms: Domains, power: Int[Array, 
     return jnp.where(d.mode == DVFS, new, f).astype(jnp.int32)
 
 
-def _sample(dv: DvfsState, state: State, launch: Launch, shapes: Shapes, doms: Domains,
+def _sample(dv: DvfsState, state: State, launch: Launch, shapes: Shapes, doms: Domains, k: Int[Array, ""],
             do: Bool[Array, ""]) -> DvfsState:
-    """Step 3: power and temperature of the last window, the decision, droop, the trace."""
+    """Step 3 at tick `k`: power and temperature of the last window, the decision, droop, the trace."""
     d = launch.dvfs
-    k = state.tick
     dv = _fold(dv, state.counters, launch, do)
     power = _sm_power_mw(dv, launch)
     t_power = _domain_sum(doms.thermal_same, power)
@@ -176,12 +175,13 @@ def _sample(dv: DvfsState, state: State, launch: Launch, shapes: Shapes, doms: D
     )
 
 
-def dvfs_step(state: State, launch: Launch, shapes: Shapes, doms: Domains) -> State:
-    """Section 12's step at tick `state.tick`, after the tick's cycles, dispatch and queue drain."""
-    on = launch.dvfs.mode != OFF
-    k = state.tick
+def dvfs_step(state: State, launch: Launch, shapes: Shapes, doms: Domains, k: Int[Array, ""],
+              due: Bool[Array, ""]) -> State:
+    """Section 12's step at tick `k`, after the tick's cycles, dispatch and queue drain, where
+    `due` (every SM has run to `k`: `decouple.dvfs_due`)."""
+    on = (launch.dvfs.mode != OFF) & due
     dv = _apply_pending(state.dvfs, state.counters, launch, k, on)
-    dv = _sample(dv, state, launch, shapes, doms, on & (k == dv.next_sample))
+    dv = _sample(dv, state, launch, shapes, doms, k, on & (k == dv.next_sample))
     dv = _apply_pending(dv, state.counters, launch, k, on)
     return replace(state, dvfs=dv, freq=jnp.where(on, sm_clock(launch, dv), state.freq))
 

@@ -30,6 +30,7 @@ from ..lower import (DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, po
                      shapes_for, validate, validate_dispatch)
 from ..workload import Workload
 from .devices import default_devices, mesh_of, sharded
+from .decouple import decoupling
 from .dispatch import variation_tables
 from .fast_forward import may_fast_forward
 from .launches import Launches, make_launches, single
@@ -141,7 +142,7 @@ def _prepare(launch: Launch, shapes: Shapes, per: Launch | None, launches: Launc
         variation = variation_tables(launch, shapes)
     else:
         variation = variation_tables(per, shapes, launches)
-    return Run(launch, launches, variation, domains(launch))
+    return Run(launch, launches, variation, domains(launch), decoupling(launch, launches, variation, shapes))
 
 
 def _lower_workload(workload: WorkloadInput, lower_one, shapes: Shapes) -> tuple[Launch, Launch, Launches]:
@@ -369,6 +370,12 @@ def _fast_forward_in(flag: object, requested: bool | None, items: Sequence) -> b
     return any(may_fast_forward(k) for k in kernels)
 
 
+def _free_sms_in(fast_forward: bool, requested: bool | None) -> bool:
+    """Whether SMs may run on their own time (`engine/decouple.py`): with fast-forward, whose
+    jumps it lets each SM take without waiting for the others, unless `requested` decides."""
+    return fast_forward if requested is None else _flag(requested, "free_sms_step")
+
+
 def _max_ticks(n: int) -> int:
     check(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and 1 <= n <= MAX_TICKS, "max_ticks", n,
           f"an integer in 1 .. {MAX_TICKS} (2^30 ticks, about 0.54 s at 1.98 GHz)")
@@ -433,9 +440,9 @@ def simulate(
     dp = np.int32(policy_index(dispatch, DISPATCH_POLICIES, "dispatch"))
     extra = _dispatch_inputs(arch, clocks, dispatch_weight, ema_alpha, ema_prior_ns)
     dvfs = _dvfs_input(arch, dvfs)
+    ff = _fast_forward_in(fast_forward, None, [kernel])
     shapes = dataclasses.replace(shapes, trace_len=_trace_len(trace_len), dvfs=any_dvfs(dvfs),
-                                 closed_loop=uses_closed_loop(dp),
-                                 fast_forward=_fast_forward_in(fast_forward, None, [kernel]))
+                                 closed_loop=uses_closed_loop(dp), fast_forward=ff, free_sms=ff)
     sized = compiled_shapes(shapes)
     with jax.enable_x64(True):
         result = _compiled(unnamed(arch), compiled_input(kernel, sized), clocks, wp, dp, np.int32(dispatch_start),
@@ -489,6 +496,7 @@ def simulate_batch(
     dvfs_step: bool | None = None,
     closed_loop_step: bool | None = None,
     fast_forward_step: bool | None = None,
+    free_sms_step: bool | None = None,
     cta_slots: int | None = None,
     max_ctas: int | None = None,
     chunk: int | None = None,
@@ -507,7 +515,8 @@ def simulate_batch(
     share one compilation. `closed_loop_step` likewise compiles in the closed loop's learning
     (True) or leaves it out (False: no configuration may dispatch by `closed_loop`), and
     `fast_forward_step` fast-forward's search (None: where a kernel of the batch could use it,
-    `fast_forward.may_fast_forward`; it is exact either way). `cta_slots`
+    `fast_forward.may_fast_forward`; it is exact either way), and `free_sms_step` lets SMs run on
+    their own time (`engine/decouple.py`; None: with fast-forward; exact either way). `cta_slots`
     sizes the per-SM CTA-slot arrays at least this large (default: the batch's largest
     occupancy), and `max_ctas` the per-CTA trace (default: the batch's largest grid); a sweep
     passes its largest of each, for the same reason and so that every chunk's trace has the
@@ -539,6 +548,7 @@ def simulate_batch(
                                                           "closed_loop_step",
                                                           "a configuration of the batch dispatches by closed_loop"),
                                  fast_forward=_fast_forward_in(fast_forward, fast_forward_step, kernels))
+    shapes = dataclasses.replace(shapes, free_sms=_free_sms_in(shapes.fast_forward, free_sms_step))
     check(chunk is None or (isinstance(chunk, (int, np.integer)) and 1 <= chunk <= 2**31 - 1), "chunk", chunk,
           "an integer in 1 .. 2^31 - 1, or None")
     chunk = default_chunk(shapes) if chunk is None else int(chunk)

@@ -45,6 +45,13 @@ def hardware_slot(shapes: Shapes) -> Int[Array, " warp"]:
     return shapes.schedulers * (p % shapes.warps_per_scheduler) + p // shapes.warps_per_scheduler
 
 
+def hardware_position(slot: Int[Array, "..."], shapes: Shapes) -> Int[Array, "..."]:
+    """The position `p = j * n_q + q` that holds hardware warp slot `slot = 4q + j` (clipped to
+    the warp slots)."""
+    slot = jnp.clip(slot, 0, shapes.warp_slots - 1)
+    return (slot % shapes.schedulers) * shapes.warps_per_scheduler + slot // shapes.schedulers
+
+
 def cta_slot_of(slot: Int[Array, "..."], warps_per_cta: Int[Array, ""], shapes: Shapes) -> Int[Array, "..."]:
     """The CTA slot hardware warp slot `slot` belongs to: `slot // W` (docs/model.md section
     7), clipped to the CTA slots (slots past the last CTA's warps hold no warp)."""

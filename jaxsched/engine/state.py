@@ -115,10 +115,15 @@ class Counters(eqx.Module):
     cta_sm: Int[Array, " grid"]
     cta_start_tick: Int[Array, " grid"]
     cta_end_tick: Int[Array, " grid"]
+    # The dispatcher's score when the CTA was placed (int64): with CTAs placed at their SM's own
+    # tick (`decouple.py`), the trace is put in grid order by (start tick, score) at the end.
+    cta_key: Int[Array, " grid"]
 
 
 class State(eqx.Module):
-    tick: Int[Array, ""]  # the next tick to process
+    # The next tick to process; where SMs run on their own time (`decouple.py`), the chip's next
+    # tick: the next dispatch an SM waits for, DVFS event or the tick limit.
+    tick: Int[Array, ""]
     freq: Int[Array, " sm"]  # f_s: each SM's clock now, MHz (0 floorswept)
     acc: Int[Array, " sm"]  # clock phase accumulators
     cycle: Int[Array, " sm"]  # cycles executed
@@ -155,7 +160,9 @@ class State(eqx.Module):
     kernel_end: Int[Array, " launch"]  # tick its last CTA completed
     counters: Counters
     dvfs: DvfsState
-    resume: Int[Array, " sm"]  # first tick at which the SM runs again: ahead of `tick` after a fast-forward
+    resume: Int[Array, " sm"]  # the next tick at which the SM runs (ahead of `tick`: fast-forward, own time)
+    acct: Int[Array, " sm"]  # the last tick whose cycles the SM's counters hold
+    park: Int[Array, " sm"]  # the tick at which the SM waits for the dispatcher (INF: none; `decouple.py`)
     steps: Int[Array, ""]  # steps the event loop took (ticks processed)
     recurrence: Recurrence
 
@@ -229,6 +236,7 @@ def initial_state(shapes: Shapes) -> State:
             cta_sm=jnp.full((shapes.max_ctas,), -1, jnp.int32),
             cta_start_tick=zi(shapes.max_ctas),
             cta_end_tick=zi(shapes.max_ctas),
+            cta_key=zl(shapes.max_ctas),
         ),
         dvfs=DvfsState(
             domain_mhz=zi(s),
@@ -250,6 +258,8 @@ def initial_state(shapes: Shapes) -> State:
             trace_mk=zl(r, s),
         ),
         resume=zi(s),
+        acct=jnp.full((s,), -1, jnp.int32),
+        park=jnp.full((s,), INF, jnp.int32),
         steps=zi(),
         recurrence=Recurrence(
             valid=jnp.zeros((s,), bool),

@@ -21,6 +21,7 @@ from jaxtyping import Array, Bool, Int
 from ..lower import Launch, Shapes
 from . import columns
 from .cycle import run_tick
+from .decouple import Decision, Decoupling, align, decide, dvfs_due, limit, settle, wanting
 from .dispatch import (CLOSED_LOOP, Slots, Variation, commit, has_work, learn_cta_durations, place, placed, plan,
                        start_warps)
 from .events import skip_to_next_event
@@ -28,8 +29,8 @@ from .fast_forward import fast_forward
 from .grid_barrier import grid_barrier
 from .intervals import Clock, cta_warps, reclock, release
 from .launches import Launches, initial_ready
-from .power import Domains, dvfs_step, initial_dvfs
-from .state import NO_WARP, STALL_REASONS, State, Warps, initial_state
+from .power import Domains, dvfs_step, initial_dvfs, next_dvfs_event
+from .state import INF, NO_WARP, STALL_REASONS, State, Warps, initial_state
 from .status import LONG_SB, WAIT
 
 
@@ -40,6 +41,7 @@ class Run(NamedTuple):
     launches: Launches
     variation: Variation
     doms: Domains
+    decoupling: Decoupling  # whether and how its SMs run on their own time (`decouple.py`)
 
 
 def start(run: Run, shapes: Shapes) -> State:
@@ -60,8 +62,9 @@ def _batch_of_one(runs: Run) -> bool:
 
 
 def running(run: Run, state: State, max_ticks: int) -> Array:
-    """CTAs remain and the tick limit is not reached."""
-    return (state.ctas_done < run.launch.n_ctas) & (state.tick < max_ticks)
+    """CTAs remain and the tick limit is not reached (on their own time: by some SM)."""
+    own = jnp.any(run.launch.sm_enabled & (state.acct < max_ticks - 1))
+    return (state.ctas_done < run.launch.n_ctas) & jnp.where(run.decoupling.free, own, state.tick < max_ticks)
 
 
 def _columns_per_pass() -> int:
@@ -73,13 +76,16 @@ def _columns_per_pass() -> int:
 
 
 _PLACEMENTS = 2  # placements per configuration per iteration of the placement loop
+_WEIGH_EVERY = 4  # steps between two looks at the SMs that wait for a CTA on their own time
 
 
-def _place(runs: Run, states: State, shapes: Shapes, closed_loop: bool) -> Slots:
-    """Section 9's placements of the batch: `_PLACEMENTS` per iteration of one loop (a
-    configuration with no work left keeps its table), until no configuration has work."""
+def _place(runs: Run, states: State, shapes: Shapes, closed_loop: bool, at: Decision) -> Slots:
+    """Section 9's placements of the batch on the SMs `at` names, each at its tick:
+    `_PLACEMENTS` per iteration of one loop (a configuration with no work left keeps its
+    table), until no configuration has work."""
     v = jax.vmap
-    slots, plans = v(lambda r, s: plan(s, r.launch, shapes, s.tick, closed_loop))(runs, states)
+    slots, plans = v(lambda r, s, a: plan(s, r.launch, shapes, s.tick, closed_loop, a.start, a.candidate))(
+        runs, states, at)
     work = v(lambda r, x, p: has_work(x, p, r.launch, r.launches))(runs, slots, plans)
 
     def body(c: tuple) -> tuple:
@@ -90,7 +96,7 @@ def _place(runs: Run, states: State, shapes: Shapes, closed_loop: bool) -> Slots
     return jax.lax.while_loop(lambda c: jnp.any(c[1]), body, (slots, work))[0]
 
 
-def _dispatch(runs: Run, states: State, was_occupied: Bool[Array, "batch cta sm"], shapes: Shapes
+def _dispatch(runs: Run, states: State, was_occupied: Bool[Array, "batch cta sm"], shapes: Shapes, at: Decision
               ) -> tuple[State, Slots]:
     """The closed loop's learning of the CTAs completed in the tick's cycles (`was_occupied`:
     the slots that held a CTA before them), then the tick's placements (`_place`). Where no
@@ -103,10 +109,10 @@ def _dispatch(runs: Run, states: State, was_occupied: Bool[Array, "batch cta sm"
     where it decides something"). Results do not depend on either."""
     def closed(s: State) -> tuple[Array, Slots]:
         est = jax.vmap(lambda r, x, o: learn_cta_durations(x, o, r.launch))(runs, s, was_occupied)
-        return est, _place(runs, dataclasses.replace(s, dispatch_est=est), shapes, True)
+        return est, _place(runs, dataclasses.replace(s, dispatch_est=est), shapes, True, at)
 
     def open_loop(s: State) -> tuple[Array, Slots]:
-        return s.dispatch_est, _place(runs, s, shapes, False)
+        return s.dispatch_est, _place(runs, s, shapes, False, at)
 
     if shapes.closed_loop:
         est, slots = jax.lax.cond(jnp.any(runs.launch.dispatch_policy == CLOSED_LOOP), closed, open_loop, states)
@@ -157,7 +163,7 @@ def _warp_work(runs: Run, states: State, t: _Touched, old_freq: Array, shapes: S
     def work(at: Array, carry: tuple) -> tuple:
         warps, stalls, took = carry
         sub = lambda x: columns.take(x, at)  # noqa: E731
-        clock = Clock(states.tick, sub(states.cycle), sub(states.acc), sub(old_freq))
+        clock = Clock(sub(states.acct), sub(states.cycle), sub(states.acc), sub(old_freq))
         cols = _Touched(sub(t.released), sub(t.new), sub(t.cta_id), sub(t.cta_launch), t.grid)
         w, counted, tk = jax.vmap(lambda *a: _columns_work(*a, shapes))(
             runs, states, jax.tree.map(sub, warps), clock, sub(states.freq), cols)
@@ -170,21 +176,53 @@ def _warp_work(runs: Run, states: State, t: _Touched, old_freq: Array, shapes: S
     return states, marked, took
 
 
+def _decide(runs: Run, states: State, shapes: Shapes, ran: Bool[Array, "batch sm"], tick: Int[Array, "batch sm"]
+            ) -> tuple[State, Decision]:
+    """Which SMs take CTAs in this step, at which tick: every enabled SM at the chip's tick, or
+    on their own time the decision of `decouple.decide`, made where some SM of the batch wants
+    a CTA or waits for one (a batch-level conditional: `decide` reads every warp)."""
+    v = jax.vmap
+    chip = Decision(candidate=runs.launch.sm_enabled, start=jnp.broadcast_to(states.tick[:, None], tick.shape),
+                    park=states.park)
+    if not shapes.free_sms:
+        return states, chip
+    want = v(lambda r, s, x, t: wanting(s, r.launch, r.launches, shapes, r.decoupling, x, t))(runs, states, ran, tick)
+    none = Decision(candidate=jnp.zeros_like(ran), start=chip.start, park=states.park)
+    # SMs that wait are weighed again every `_WEIGH_EVERY` steps of their configuration (its own
+    # count: an ended one's stays put), as the others' progress frees them
+    weigh = jnp.any(want) | jnp.any((states.park < INF) & (states.steps % _WEIGH_EVERY == 0)[:, None])
+    own = jax.lax.cond(weigh,
+                       lambda: v(lambda r, s, w, t: decide(s, r.launch, r.launches, shapes, r.decoupling, w, t))(
+                           runs, states, want, tick),
+                       lambda: none)
+    free = runs.decoupling.free[:, None]
+    at = Decision(*(jnp.where(free, o, c) for o, c in zip(own, chip)))
+    return dataclasses.replace(states, park=at.park), at
+
+
 def step(runs: Run, states: State, shapes: Shapes, max_ticks: int) -> State:
-    """One event of every configuration: the tick's SM cycles, the grid barrier, dispatch, DVFS,
-    the per-warp work all of these leave (`_warp_work`), then the skip to the next event. An SM
-    whose warps anything after its cycles touched (a release, new CTAs, a clock change) has its
-    next cycle as an event."""
+    """One event of every configuration: the SM cycles (every SM at the chip's tick, or each at
+    its own: `decouple.py`), the grid barrier, dispatch, DVFS, the per-warp work all of these
+    leave (`_warp_work`), fast-forward, then the skip to the next event. An SM whose warps
+    anything after its cycles touched (a release, new CTAs, a clock change) has its next cycle
+    as an event."""
     v = jax.vmap
     one = jnp.minimum(jnp.min(runs.launch.tick_mhz), 1)  # a traced 1 (`materialize.once`)
     was_occupied = states.cta_id >= 0
     policy = runs.launch.warp_policy[0] if _batch_of_one(runs) else None  # `cycle.select`
-    states, looks, released = v(lambda r, s: run_tick(s, r.launch, shapes, r.launches, one, policy))(runs, states)
+    last = v(lambda r, s: limit(s, r.launch, r.decoupling, max_ticks))(runs, states)
+    tick = jnp.where(runs.decoupling.free[:, None], states.resume, states.tick[:, None])
+    ran = runs.launch.sm_enabled & (states.resume <= last)
+    states, looks, released = v(lambda r, s, t, x: run_tick(s, r.launch, shapes, r.launches, one, t, x, policy))(
+        runs, states, tick, ran)
     states, due = v(lambda r, s: grid_barrier(s, r.launch))(runs, states)
-    states, slots = _dispatch(runs, states, was_occupied, shapes)
+    states, at = _decide(runs, states, shapes, ran, tick)
+    states, slots = _dispatch(runs, states, was_occupied, shapes, at)
     old_freq = states.freq
     if shapes.dvfs:  # with DVFS off the step changes nothing (section 12)
-        states = v(lambda r, s: dvfs_step(s, r.launch, shapes, r.doms))(runs, states)
+        states = v(lambda r, s: dvfs_step(s, r.launch, shapes, r.doms, jnp.where(r.decoupling.free,
+                                                                                 next_dvfs_event(s, r.launch), s.tick),
+                                          dvfs_due(s, r.launch, r.decoupling)))(runs, states)
     touched = _Touched(released, v(placed)(states, slots), slots.cta_id, slots.cta_launch, due)
     states, marked, took = _warp_work(runs, states, touched, old_freq, shapes)
     states = v(lambda r, s, x, t: commit(s, x, t, r.launch, shapes))(runs, states, slots, took)
@@ -193,17 +231,18 @@ def step(runs: Run, states: State, shapes: Shapes, max_ticks: int) -> State:
         states, looks = fast_forward(runs, states, looks, shapes, max_ticks, one)
     states = dataclasses.replace(states, steps=states.steps + 1)
     return v(lambda r, s, o: skip_to_next_event(s, r.launch, shapes, s.ctas_done >= r.launch.n_ctas, r.launches, o,
-                                                one))(runs, states, looks)
+                                                one, r.decoupling, max_ticks))(runs, states, looks)
 
 
 def _frozen(state: State) -> dict:
     """What results read that an ended configuration's steps would still change: its clocks keep
     ticking (cycles, DVFS), and a configuration stopped by the tick limit keeps running."""
     c = state.counters
-    return dict(tick=state.tick, steps=state.steps, ctas_done=state.ctas_done, last_exit_tick=state.last_exit_tick,
+    return dict(tick=state.tick, acct=state.acct, acc=state.acc, steps=state.steps, ctas_done=state.ctas_done,
+                last_exit_tick=state.last_exit_tick,
                 kernel_ready=state.kernel_ready, kernel_start=state.kernel_start, kernel_end=state.kernel_end,
                 freq=state.freq, dvfs=state.dvfs,
-                counters=dataclasses.replace(c, cta_sm=None, cta_start_tick=None, cta_end_tick=None))
+                counters=dataclasses.replace(c, cta_sm=None, cta_start_tick=None, cta_end_tick=None, cta_key=None))
 
 
 def loop(runs: Run, shapes: Shapes, max_ticks: int, begin: State | None = None) -> tuple[State, Int[Array, ""]]:
@@ -233,11 +272,13 @@ def loop(runs: Run, shapes: Shapes, max_ticks: int, begin: State | None = None) 
         kept = jax.tree.map(keep, _frozen(stepped), _frozen(states), is_leaf=lambda x: x is None)
         counters = dataclasses.replace(kept.pop("counters"), cta_sm=stepped.counters.cta_sm,
                                        cta_start_tick=stepped.counters.cta_start_tick,
-                                       cta_end_tick=stepped.counters.cta_end_tick)
+                                       cta_end_tick=stepped.counters.cta_end_tick,
+                                       cta_key=stepped.counters.cta_key)
         return dataclasses.replace(stepped, counters=counters, **kept), n + 1
 
     def any_running(carry: tuple[State, Array]) -> Array:
         return jnp.any(jax.vmap(lambda r, s: running(r, s, max_ticks))(runs, carry[0]))
 
     begin = jax.vmap(lambda r: start(r, shapes))(runs) if begin is None else begin
-    return jax.lax.while_loop(any_running, body, (begin, jnp.int32(0)))
+    final, n = jax.lax.while_loop(any_running, body, (begin, jnp.int32(0)))
+    return jax.vmap(lambda r, s: settle(align(s, r.launch), r.decoupling, r.launch.n_ctas))(runs, final), n
