@@ -59,6 +59,8 @@ def main() -> None:
     parser.add_argument("--trips", type=int, default=None, help="loop trips (default 3125 fma, 1562 mix)")
     parser.add_argument("--warp-policy", default="lrr", choices=WARP_POLICIES)
     parser.add_argument("--no-fast-forward", action="store_true")
+    parser.add_argument("--lockstep", action="store_true",
+                        help="every SM at the chip's tick (fast-forward without SMs on their own time)")
     parser.add_argument("--devices", type=int, default=0, help="devices sharing the batch (default: all local ones)")
     parser.add_argument("--chunk", type=int, default=0, help="configurations per chunk (default: default_chunk)")
     args = parser.parse_args()
@@ -75,6 +77,7 @@ def main() -> None:
         t0 = time.perf_counter()
         shapes = dataclasses.replace(shapes_for(arch, kernel), dvfs=False, closed_loop=False,
                                      fast_forward=not args.no_fast_forward and may_fast_forward(kernel))
+        shapes = dataclasses.replace(shapes, free_sms=shapes.fast_forward and not args.lockstep)
         chunk = args.chunk or default_chunk(shapes)
         devices = jax.local_devices()[:args.devices or None]
         compiled = _compiled.lower(*inputs, shapes=shapes, max_ticks=MAX_TICKS, batched=True, chunk=chunk,
@@ -98,6 +101,7 @@ def main() -> None:
         "loop_trips": trips,
         "warp_policy": args.warp_policy,
         "fast_forward": shapes.fast_forward,  # compiled in (asked for, and the kernel could use it)
+        "own_time": shapes.free_sms,  # SMs on their own time between chip events
         "completed": bool(np.all(result.completed)),
         "mean_makespan_us": float(np.mean(result.makespan_ns)) / 1000.0,
         "mean_makespan_ticks": float(np.mean(ticks)),
