@@ -11,6 +11,7 @@ and the launch credit its refills need, over the schedulers' issue cycles; docs/
 section 7), whose demand is counted from the first uniform run.
 
     python benchmarks/die_scaling_report.py OUT|reduced.nc [--png docs/img/die_scaling.png]
+        [--spec sweeps/die_scaling_ms.toml]
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import xarray as xr
 import jaxsched as js
 from jaxsched import bounds, issue_bound, sweep
 
-SPEC = Path(__file__).resolve().parent.parent / "sweeps" / "die_scaling.toml"
+SPEC = Path(__file__).resolve().parent.parent / "sweeps" / "die_scaling.toml"  # default --spec
 
 
 def oracle_bounds(ds, arch: js.Arch, kernel: js.Kernel, variant: str) -> bounds.Bounds:
@@ -68,9 +69,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("out")
     parser.add_argument("--png", default=None)
+    parser.add_argument("--spec", default=str(SPEC), help="the sweep spec OUT ran (its arch and kernels)")
     args = parser.parse_args()
     ds = xr.open_dataset(args.out, engine="h5netcdf") if args.out.endswith(".nc") else sweep.open_result(args.out)
-    spec = sweep.load(SPEC)
+    spec = sweep.load(args.spec)
     arch = spec.arch
     variants = list(ds.kernel_variant.values)
     policies = list(ds.policy_dispatch.values)
