@@ -14,7 +14,7 @@ import numpy as np
 
 from . import archio, clocks, fit_cli, presets, probe_cli, tomldoc
 from .arch import Arch
-from .errors import JaxschedError, check
+from .errors import INT32_MAX, JaxschedError, check
 from .lower import DISPATCH_POLICIES, WARP_POLICIES
 from .occupancy import CARVEOUT_DEFAULT, NO_LIMIT, occupancy
 
@@ -232,6 +232,10 @@ def _init_distributed(args: argparse.Namespace) -> None:
     import jax
 
     if all(v is not None for v in given):
+        check(1 <= args.num_processes <= INT32_MAX, "--num-processes", args.num_processes,
+              f"an integer in 1 .. {INT32_MAX}")
+        check(0 <= args.process_id < args.num_processes, "--process-id", args.process_id,
+              f"an integer in 0 .. {args.num_processes - 1} (--num-processes {args.num_processes})")
         jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
                                    process_id=args.process_id)
     else:

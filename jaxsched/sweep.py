@@ -141,6 +141,11 @@ _TOP_KEYS = ("title", "arch", "kernel", "kernels", "replicates", "seed", "chunk"
              "design") + sweep_paths.TABLES
 _ENGINE_KEYS = ("fast_forward",)
 _LAUNCH_GROUPS = ("arch", "kernel")  # the path groups that decide whether a point can launch
+REPLICATE_STRIDE = 1_000_003  # replicate r of seed s draws its chip from seed s x REPLICATE_STRIDE + r
+MAX_SEED = 2**31 - 1  # a 32-bit seed, as the kernel's and DVFS's: its replicates' seeds fit 64 bits
+# The resume record, the feasibility of every point and a design's draws are held in memory, one
+# entry per configuration or point: 10^8 configurations take a few GB of host memory.
+MAX_CONFIGS = 10**8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,10 +216,11 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Swee
     for name in sweep_paths.TABLES:
         base[name] = sweep_paths.GROUPS[name].base(doc.get(name, {}), arch, f"{source}: {name}")
     seed = doc.get("seed", 0)
-    check(isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0, f"{source}: seed", seed, "an integer >= 0")
+    check(isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed <= MAX_SEED, f"{source}: seed", seed,
+          f"an integer in 0 .. {MAX_SEED} (replicate r draws its chip from seed x {REPLICATE_STRIDE} + r)")
     replicates = doc.get("replicates", 1)
-    check(isinstance(replicates, int) and not isinstance(replicates, bool) and replicates >= 1,
-          f"{source}: replicates", replicates, "an integer >= 1")
+    check(isinstance(replicates, int) and not isinstance(replicates, bool) and 1 <= replicates <= MAX_CONFIGS,
+          f"{source}: replicates", replicates, f"an integer in 1 .. {MAX_CONFIGS}")
     chunk = doc.get("chunk")
     check(chunk is None or (isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 1),
           f"{source}: chunk", chunk, "an integer >= 1")
@@ -225,9 +231,12 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Swee
     design = None
     if "design" in doc:
         design = sweep_design.parse(
-            doc["design"], default_seed=seed, where=f"{source}: design",
+            doc["design"], default_seed=seed, max_samples=MAX_CONFIGS, where=f"{source}: design",
             kind_of=lambda path, value, where: sweep_paths.kind(base, path, where, value),
             check_value=lambda path, value, where: sweep_paths.assign(base, path, value, where))
+    n_configs = math.prod(len(v) for v in grid.values()) * (design.samples if design else 1) * replicates
+    check(n_configs <= MAX_CONFIGS, f"{source}: configurations", n_configs,
+          f"at most {MAX_CONFIGS} (grid points x design samples x replicates): split the sweep")
     swept = [(f"grid.{p}", p) for p in grid] + [(f"design.{f.path}", f.path) for f in (design.factors if design else ())]
     _check_distinct_paths(base, swept, source)
     partial = Sweep(title=str(doc.get("title", source)), text=text, base=base, grid=grid, design=design,
@@ -423,11 +432,11 @@ def engine_config(sweep: Sweep, point: Point, index: tuple[int, ...], replicate:
     weight = None if policy["weights"] == "clocks" else np.ones(arch.n_sm_slots, dtype=np.int32)
     return Config(
         index=tuple(index), replicate=replicate, arch=arch, kernel=launched(point["kernel"], point["workload"]),
-        clocks=clock_map(arch, point["clocks"], sweep.seed * 1_000_003 + replicate),
+        clocks=clock_map(arch, point["clocks"], sweep.seed * REPLICATE_STRIDE + replicate),
         warp_policy=WARP_POLICIES.index(policy["warp"]), dispatch=DISPATCH_POLICIES.index(policy["dispatch"]),
         dispatch_start=policy["dispatch_start"], dispatch_weight=weight, ema_alpha=policy["ema_alpha"],
         ema_prior_ns=policy["ema_prior_ns"],
-        dvfs=dvfs_params(arch, point["dvfs"], sweep.seed * 1_000_003 + replicate))
+        dvfs=dvfs_params(arch, point["dvfs"], sweep.seed * REPLICATE_STRIDE + replicate))
 
 
 def launched(kernel: Kernel, table: dict) -> Kernel | Workload:
