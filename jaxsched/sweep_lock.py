@@ -127,7 +127,8 @@ class StoreLock:
                 os.ftruncate(fd, 0)
                 os.pwrite(fd, json.dumps(dataclasses.asdict(self.owner)).encode(), 0)
                 os.fsync(fd)
-            except OSError:
+            except OSError:  # a full disk, say: leave no lock file without an owner behind
+                self.path.unlink(missing_ok=True)
                 os.close(fd)
                 raise
             self._fd = fd

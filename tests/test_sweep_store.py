@@ -236,14 +236,21 @@ def small_disk(tmp_path) -> Path:
 
 
 def test_a_real_full_disk_while_writing_chunks_and_the_netcdf(work, reference, small_disk, capsys):
-    """On a tmpfs with room for the store and about a chunk and a half: the sweep fails inside
-    a chunk with ENOSPC and leaves a valid store; with space freed, `--resume` completes it.
-    Then the netCDF alone on a full disk: an error, no partial file, and `--resume` writes it."""
+    """On a full tmpfs a sweep fails at once and leaves nothing. With room for the store and
+    about a chunk and a half, it fails inside a chunk with ENOSPC and leaves a valid store; with
+    space freed, `--resume` completes it. Then the netCDF alone on a full disk: an error, no
+    partial file, and `--resume` writes it."""
     out = small_disk / "out"
+    filler = _fill(small_disk, 0)
+    capsys.readouterr()
+    assert _sweep(work, out) == 2  # a full disk from the start: nothing left behind
+    (line,) = _error_lines(capsys.readouterr().err)
+    assert "No space left on device [errno 28]" in line, line
+    assert not any(out.iterdir())
+    filler.unlink()
     spec = sweep.load(work / "spec.toml")
     sweep.create_store(out / sweep.STORE, spec, sweep.make_layout(spec, 2), "test")
     filler = _fill(small_disk, 24 * 4096)  # a chunk takes about 15 pages of 4 KB
-    capsys.readouterr()
     assert _sweep(work, out, "--resume") == 2
     (line,) = _error_lines(capsys.readouterr().err)
     assert "not written': No space left on device [errno 28]" in line, line
@@ -294,6 +301,27 @@ def test_changed_chunk_files_are_reported_and_recomputed(work, reference, capsys
         assert f"chunk {i} (" in err and "recomputing it" in err
     assert "resuming: 6 of 12 configurations already done (3/6 chunks); computing 6" in err, err
     _identical(out, reference, capsys)
+
+
+def test_a_store_from_before_checksums_is_not_trusted(work, reference, capsys):
+    """A store_version 1 store (no checksums): `check` says there is nothing to verify and
+    `--resume` refuses it, both in one line with exit code 2."""
+    out = work / "version1"
+    shutil.copytree(reference, out)
+    store = out / sweep.STORE
+    shutil.rmtree(store / "integrity")
+    for name in (".zattrs", ".zmetadata"):
+        doc = json.loads((store / name).read_text())
+        attrs = doc["metadata"][".zattrs"] if name == ".zmetadata" else doc
+        attrs["store_version"] = 1
+        (store / name).write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["check", str(out)]) == 2
+    (line,) = _error_lines(capsys.readouterr().err, "check")
+    assert "made before chunk checksums" in line, line
+    assert _sweep(work, out, "--resume") == 2
+    (line,) = _error_lines(capsys.readouterr().err)
+    assert "store_version 1" in line and "made by another jaxsched version" in line, line
 
 
 # --------------------------------------------------------------------------- comparison
