@@ -14,7 +14,7 @@ import numpy as np
 
 from . import archio, clocks, fit_cli, presets, probe_cli, tomldoc
 from .arch import Arch
-from .errors import JaxschedError, check
+from .errors import INT32_MAX, JaxschedError, check, os_error
 from .lower import DISPATCH_POLICIES, WARP_POLICIES
 from .occupancy import CARVEOUT_DEFAULT, NO_LIMIT, occupancy
 
@@ -232,6 +232,10 @@ def _init_distributed(args: argparse.Namespace) -> None:
     import jax
 
     if all(v is not None for v in given):
+        check(1 <= args.num_processes <= INT32_MAX, "--num-processes", args.num_processes,
+              f"an integer in 1 .. {INT32_MAX}")
+        check(0 <= args.process_id < args.num_processes, "--process-id", args.process_id,
+              f"an integer in 0 .. {args.num_processes - 1} (--num-processes {args.num_processes})")
         jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
                                    process_id=args.process_id)
     else:
@@ -302,7 +306,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"wrote {outcome.store} and {outcome.netcdf}")
         print(f"median makespan: {float(ds['makespan_ns'].median()):.1f} ns")
         return 0
-    png = plot.makespan(ds, out / "makespan.png")
+    try:
+        png = plot.makespan(ds, out / "makespan.png")
+    except OSError as exc:
+        raise JaxschedError(str(out / "makespan.png"), "not written",
+                            f"{os_error(exc)}; the sweep itself is complete in {outcome.netcdf}") from None
     print(f"wrote {outcome.store}, {outcome.netcdf} and {png}")
     table = ds["makespan_ns"].median("replicate").to_dataframe()["makespan_ns"]
     if len(grid_dims) > 1:
@@ -317,6 +325,15 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     print(sweep.describe(args.path))
     return 0
+
+
+@_command
+def cmd_check(args: argparse.Namespace) -> int:
+    from . import sweep_check
+
+    ok, lines = sweep_check.check_result(args.path, args.against)
+    print("\n".join(lines))
+    return 0 if ok else 1
 
 
 def _parse_sel(ds, items: Sequence[str] | None) -> dict:
@@ -426,6 +443,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="describe a sweep result: dimensions, swept values, completion")
     p.add_argument("path", help="sweep output folder, sweep.zarr or sweep.nc")
+
+    p = sub.add_parser("check", help="verify a sweep result's chunks against their checksums; compare two results",
+                       description="Verify every done chunk of OUT/sweep.zarr against its SHA-256 checksum and "
+                       "OUT/sweep.nc against the store; with --against, compare with another result value by "
+                       "value (attributes that differ by design are not compared). Exit code 1 if anything "
+                       "is wrong or different.")
+    p.add_argument("path", help="sweep output folder, sweep.zarr or sweep.nc")
+    p.add_argument("--against", default=None, metavar="OTHER", help="another result of the same spec to compare with")
 
     p = sub.add_parser("plot", help="figures from a sweep result or a run trace")
     p.add_argument("dataset", help="sweep output folder, sweep.zarr, sweep.nc, or the JSON of "

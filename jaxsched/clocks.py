@@ -75,7 +75,7 @@ def validate_clocks(arch: Arch, clocks: Clocks, field: str = "clocks.sm_freq_mhz
 def uniform(arch: Arch, ghz: float | None = None) -> Clocks:
     """Every SM at `ghz` (default: the architecture's boost clock)."""
     ghz = float(arch.boost_clock_ghz) if ghz is None else ghz
-    check(isinstance(ghz, (int, float)) and np.isfinite(ghz) and 0 < ghz * 1000 <= MAX_MHZ, "clock_ghz", ghz,
+    check(isinstance(ghz, (int, float, np.integer, np.floating)) and np.isfinite(ghz) and 0 < ghz * 1000 <= MAX_MHZ, "clock_ghz", ghz,
           f"a clock in (0, {MAX_MHZ / 1000:g}] GHz")
     return from_array(arch, np.full(arch.n_sm_slots, ghz * 1000.0))
 
@@ -99,6 +99,8 @@ def gaussian(arch: Arch, seed: int, mean_ghz: float, sigma: float) -> Clocks:
 
     The simplest die-variation model (no spatial correlation): a baseline for dispatch studies.
     """
+    check(isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and seed >= 0, "seed", seed,
+          "an integer >= 0 (numpy's default_rng)")
     check(np.isfinite(sigma) and sigma >= 0, "clocks.sigma", sigma, "a relative standard deviation >= 0")
     check(np.isfinite(mean_ghz) and mean_ghz > 0, "clocks.mean_ghz", mean_ghz, "a positive frequency")
     z = np.random.default_rng(seed).standard_normal(arch.n_sm_slots)

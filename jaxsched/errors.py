@@ -12,6 +12,7 @@ engine guards what could reach its loop (`engine.run`).
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 import numpy as np
@@ -36,6 +37,15 @@ def check(ok: bool, field: str, value: object, limit: str, hint: str = "") -> No
     """Raise `JaxschedError(field, value, limit)` unless `ok`."""
     if not ok:
         raise JaxschedError(field, value, limit, hint)
+
+
+def os_error(exc: OSError) -> str:
+    """An operating-system error in one line: its message and errno ("No space left on device
+    [errno 28]"); h5py's own messages span several lines."""
+    if exc.errno:
+        return f"{os.strerror(exc.errno)} [errno {exc.errno}]"
+    lines = str(exc).splitlines()
+    return lines[0] if lines else type(exc).__name__
 
 
 def is_traced(x: object) -> bool:

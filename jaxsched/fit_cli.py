@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import check
+from .errors import INT32_MAX, check
 
 CLOCK_SHARE_WARNING = 0.3  # below this share of clock-bound time the timing barely shows the clock
 
@@ -73,7 +73,7 @@ def _speeds(args: argparse.Namespace) -> int:
     from . import trace as trace_mod
     from .surrogate import plots, speeds
 
-    check(args.steps >= 1, "--steps", args.steps, ">= 1")
+    check(1 <= args.steps <= INT32_MAX, "--steps", args.steps, f"an integer in 1 .. {INT32_MAX}")
     check(0.0 < args.ema_alpha <= 1.0, "--ema-alpha", args.ema_alpha, "in (0, 1]")
     traces = [trace_mod.load(t) for t in args.traces]
     references = [trace_mod.load(r) for r in args.reference] if args.reference else None

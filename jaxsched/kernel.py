@@ -248,8 +248,6 @@ def parse_program(text: str) -> tuple[list[Instr], _Structure]:
             ways = opts.get("ways", 1)
             check(op == Op.LDG or "bytes" not in opts, where, line, "bytes= applies to ldg only")
             check(op == Op.LDS or "ways" not in opts, where, line, "ways= applies to lds only")
-            check(0 < nbytes <= 4096 or op != Op.LDG, where, nbytes, "ldg bytes per warp in 1..4096")
-            check(1 <= ways <= 32, where, ways, "bank-conflict ways in 1..32")
             instrs.append(Instr(op, dep="dep" in flags, bytes_per_warp=nbytes, bank_ways=ways,
                                 grid_sync=head == "gsync"))
     if stack:
@@ -278,6 +276,13 @@ def _number(word: str, where: str, kind: type) -> float | int:
         raise JaxschedError(where, word, f"expected a {kind.__name__}") from None
 
 
+# The range of each `key=value` option of a program line, and its description.
+_OPTION_LIMITS = {"cta_spread": (0, MAX_TRIPS, f"must be in 0 .. {MAX_TRIPS}"),
+                  "warp_spread": (0, MAX_TRIPS, f"must be in 0 .. {MAX_TRIPS}"),
+                  "bytes": (1, MAX_LDG_BYTES, f"ldg bytes per warp in 1..{MAX_LDG_BYTES}"),
+                  "ways": (1, 32, "bank-conflict ways in 1..32")}
+
+
 def _args(words: list[str], where: str, keys: tuple[str, ...], positional: bool = True):
     pos = None
     opts: dict[str, int] = {}
@@ -286,7 +291,8 @@ def _args(words: list[str], where: str, keys: tuple[str, ...], positional: bool 
             k, v = w.split("=", 1)
             check(k in keys, where, k, f"unknown option; expected one of {keys}")
             opts[k] = int(_number(v, where, int))
-            check(0 <= opts[k] <= MAX_TRIPS, where, w, f"must be in 0 .. {MAX_TRIPS}")
+            low, high, limit = _OPTION_LIMITS[k]
+            check(low <= opts[k] <= high, where, w, limit)
         else:
             check(positional and pos is None, where, w, "unexpected word")
             pos = int(_number(w, where, int))
@@ -294,6 +300,9 @@ def _args(words: list[str], where: str, keys: tuple[str, ...], positional: bool 
     if positional:
         check(pos is not None, where, " ".join(words), "`loop N` needs a trip count")
     return pos, opts
+
+
+_REAL = (int, float, np.integer, np.floating)  # numbers a keyword of `make_kernel` takes (NaN fails its range)
 
 
 def make_kernel(
@@ -325,11 +334,11 @@ def make_kernel(
         check(isinstance(value, (int, np.integer)) and not isinstance(value, bool), field, value, "an integer")
         check(low <= value < 2**31, field, value, f"between {low} and 2^31 - 1")
     check(isinstance(seed, (int, np.integer)) and -(2**31) <= seed < 2**31, "seed", seed, "a 32-bit integer")
-    check(isinstance(l2_hit_rate, (int, float)) and 0.0 <= l2_hit_rate <= 1.0, "l2_hit_rate",
+    check(isinstance(l2_hit_rate, _REAL) and 0.0 <= l2_hit_rate <= 1.0, "l2_hit_rate",
           l2_hit_rate, "a fraction in [0, 1]")
     check(isinstance(name, str), "name", name, "a string")
     check(isinstance(cooperative, (bool, np.bool_)), "cooperative", cooperative, "true or false")
-    check(isinstance(grid_sync_ns, (int, float)) and 0.0 <= grid_sync_ns <= 1e6, "grid_sync_ns",
+    check(isinstance(grid_sync_ns, _REAL) and 0.0 <= grid_sync_ns <= 1e6, "grid_sync_ns",
           grid_sync_ns, "a barrier cost in [0, 1e6] ns")
     check(isinstance(work_items, (int, np.integer)) and 0 <= work_items < 2**30, "work_items",
           work_items, "a queue length in 0 .. 2^30 - 1 (0: not persistent)")

@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 from typing import Callable
 
-from .errors import check
+from .errors import INT32_MAX, check
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> Callable[[argparse.Namespace], int]:
@@ -50,7 +50,7 @@ def cmd_probe(args: argparse.Namespace) -> int:
                   f"trips={case.trips} {case.role:11s} {case.note}")
         return 0
     check(args.output is not None, "--output", None, "required: the folder the probe writes into")
-    check(args.repeats >= 1, "--repeats", args.repeats, ">= 1")
+    check(1 <= args.repeats <= INT32_MAX, "--repeats", args.repeats, f"an integer in 1 .. {INT32_MAX}")
     _keep_jax_off_the_gpu()
     summary = run(Path(args.output), args.cases, args.repeats, not args.no_calibration)
     print(f"{'case':24s} {'makespan (ns), median':>22s} {'clock (MHz)':>12s} {'CTAs/SM':>8s}")

@@ -79,12 +79,20 @@ writes each file atomically), so a killed process can never damage a chunk alrea
 several hosts never write the same file. The store is created up front as a template of the full
 shape (no data files: unwritten chunks read as the fill values, NaN or 0; `feasible` and
 `infeasible_reason`, known from the spec, are written with it). A boolean variable `done` (same
-dimensions, same chunks) is written after each chunk's data; `--resume` recomputes exactly the
-chunks whose `done` is not set. Attributes hold the spec text, a fingerprint of the resolved spec
-(arch, kernel, grid, design samples; `--resume` refuses a store whose fingerprint differs) and
-the chunk shape. When every chunk is done, `OUT/sweep.nc` (netCDF4 via h5netcdf, without `done`)
-is written from the store. `open_result(path)` opens either (a folder, `.zarr` or `.nc`) and
-checks completeness.
+dimensions, same chunks) is written after each chunk's data and its SHA-256 checksums, each made
+durable (`fsync`) before the next (`sweep_integrity`); `--resume` recomputes exactly the chunks
+whose `done` is not set, and those whose data no longer matches its checksums (a truncated or
+overwritten file), saying which. A full disk or another I/O error while writing a chunk or the
+netCDF is a one-line error that leaves the store valid (the chunk not done). Attributes hold the
+spec text, a fingerprint of the resolved spec (arch, kernel, grid, design samples; `--resume`
+refuses a store whose fingerprint differs), the chunk shape and the store version. When every
+chunk is done and verified, `OUT/sweep.nc` (netCDF4 via h5netcdf, without `done`) is written from
+the store. `open_result(path)` opens either (a folder, `.zarr` or `.nc`) and checks completeness;
+`jaxsched check` verifies a result (`sweep_check`).
+
+One writer: a run holds `OUT/sweep.lock` while it writes (`sweep_lock`), and a second run on the
+same output (the same command twice, a `--resume` while the first is going) is refused with an
+error naming the first's pid, host and command.
 
 Several hosts
 -------------
@@ -101,6 +109,8 @@ the store; after a barrier every process computes the chunks `i` with
 `i % num_processes == process_id` that are not done, on its own local devices (`--devices` picks
 a subset), and writes them into the shared store. After a final barrier process 0 writes
 `sweep.nc`. A lost host's chunks are picked up by running the same commands with `--resume`.
+Process `i` > 0 holds `OUT/sweep.lock.<i>` (two hosts given the same `--process-id` are refused);
+the shared filesystem's locks must be coherent between the hosts (`sweep_lock`).
 
 Testing aid: `JAXSCHED_SWEEP_THROTTLE_S` (seconds) sleeps after each recorded chunk, so that the
 resume test can kill a sweep between chunks deterministically.
@@ -122,13 +132,14 @@ from typing import Callable, Iterator, NamedTuple, Sequence
 import jax
 import numpy as np
 import xarray as xr
+import zarr
 from . import __version__, archio, clocks, dvfs, freqmap, presets, tomldoc
-from . import sweep_design, sweep_paths
+from . import sweep_design, sweep_integrity, sweep_lock, sweep_paths
 from .arch import Arch
 from .engine.fast_forward import may_fast_forward
 from .engine.run import Result, any_dvfs, simulate_batch
 from .engine.state import STALL_REASONS
-from .errors import JaxschedError, check
+from .errors import JaxschedError, check, os_error
 from .dvfs import Dvfs, validate_dvfs
 from .kernel import Kernel, kernel_from_dict, load_kernel, pad_program
 from .lower import DISPATCH_POLICIES, WARP_POLICIES, cta_slots_for, shapes_for, validate
@@ -141,6 +152,11 @@ _TOP_KEYS = ("title", "arch", "kernel", "kernels", "replicates", "seed", "chunk"
              "design") + sweep_paths.TABLES
 _ENGINE_KEYS = ("fast_forward",)
 _LAUNCH_GROUPS = ("arch", "kernel")  # the path groups that decide whether a point can launch
+REPLICATE_STRIDE = 1_000_003  # replicate r of seed s draws its chip from seed s x REPLICATE_STRIDE + r
+MAX_SEED = 2**31 - 1  # a 32-bit seed, as the kernel's and DVFS's: its replicates' seeds fit 64 bits
+# The resume record, the feasibility of every point and a design's draws are held in memory, one
+# entry per configuration or point: 10^8 configurations take a few GB of host memory.
+MAX_CONFIGS = 10**8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,10 +227,11 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Swee
     for name in sweep_paths.TABLES:
         base[name] = sweep_paths.GROUPS[name].base(doc.get(name, {}), arch, f"{source}: {name}")
     seed = doc.get("seed", 0)
-    check(isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0, f"{source}: seed", seed, "an integer >= 0")
+    check(isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed <= MAX_SEED, f"{source}: seed", seed,
+          f"an integer in 0 .. {MAX_SEED} (replicate r draws its chip from seed x {REPLICATE_STRIDE} + r)")
     replicates = doc.get("replicates", 1)
-    check(isinstance(replicates, int) and not isinstance(replicates, bool) and replicates >= 1,
-          f"{source}: replicates", replicates, "an integer >= 1")
+    check(isinstance(replicates, int) and not isinstance(replicates, bool) and 1 <= replicates <= MAX_CONFIGS,
+          f"{source}: replicates", replicates, f"an integer in 1 .. {MAX_CONFIGS}")
     chunk = doc.get("chunk")
     check(chunk is None or (isinstance(chunk, int) and not isinstance(chunk, bool) and chunk >= 1),
           f"{source}: chunk", chunk, "an integer >= 1")
@@ -225,9 +242,12 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Swee
     design = None
     if "design" in doc:
         design = sweep_design.parse(
-            doc["design"], default_seed=seed, where=f"{source}: design",
+            doc["design"], default_seed=seed, max_samples=MAX_CONFIGS, where=f"{source}: design",
             kind_of=lambda path, value, where: sweep_paths.kind(base, path, where, value),
             check_value=lambda path, value, where: sweep_paths.assign(base, path, value, where))
+    n_configs = math.prod(len(v) for v in grid.values()) * (design.samples if design else 1) * replicates
+    check(n_configs <= MAX_CONFIGS, f"{source}: configurations", n_configs,
+          f"at most {MAX_CONFIGS} (grid points x design samples x replicates): split the sweep")
     swept = [(f"grid.{p}", p) for p in grid] + [(f"design.{f.path}", f.path) for f in (design.factors if design else ())]
     _check_distinct_paths(base, swept, source)
     partial = Sweep(title=str(doc.get("title", source)), text=text, base=base, grid=grid, design=design,
@@ -423,11 +443,11 @@ def engine_config(sweep: Sweep, point: Point, index: tuple[int, ...], replicate:
     weight = None if policy["weights"] == "clocks" else np.ones(arch.n_sm_slots, dtype=np.int32)
     return Config(
         index=tuple(index), replicate=replicate, arch=arch, kernel=launched(point["kernel"], point["workload"]),
-        clocks=clock_map(arch, point["clocks"], sweep.seed * 1_000_003 + replicate),
+        clocks=clock_map(arch, point["clocks"], sweep.seed * REPLICATE_STRIDE + replicate),
         warp_policy=WARP_POLICIES.index(policy["warp"]), dispatch=DISPATCH_POLICIES.index(policy["dispatch"]),
         dispatch_start=policy["dispatch_start"], dispatch_weight=weight, ema_alpha=policy["ema_alpha"],
         ema_prior_ns=policy["ema_prior_ns"],
-        dvfs=dvfs_params(arch, point["dvfs"], sweep.seed * 1_000_003 + replicate))
+        dvfs=dvfs_params(arch, point["dvfs"], sweep.seed * REPLICATE_STRIDE + replicate))
 
 
 def launched(kernel: Kernel, table: dict) -> Kernel | Workload:
@@ -491,7 +511,7 @@ def clock_map(arch: Arch, clk: dict, seed: int) -> clocks.Clocks:
 
 STORE = "sweep.zarr"
 NETCDF = "sweep.nc"
-STORE_VERSION = 1
+STORE_VERSION = 2  # 2: per-chunk checksums (sweep_integrity)
 THROTTLE_ENV = "JAXSCHED_SWEEP_THROTTLE_S"
 _CPU_CHUNK_PER_DEVICE = 64  # when the backend reports no memory figures
 _MAX_CHUNK_PER_DEVICE = 4096
@@ -546,11 +566,20 @@ class Layout:
     def chunk_size(self) -> int:
         return math.prod(self.block)
 
+    def chunk_index(self, i: int) -> tuple[int, ...]:
+        """Position of chunk `i` on the chunk grid (C order): its zarr chunk key."""
+        return tuple(int(j) for j in np.unravel_index(i, self.chunk_grid))
+
     def region(self, i: int) -> tuple[slice, ...]:
         """Index slices of chunk `i` (C order over the chunk grid)."""
-        index = np.unravel_index(i, self.chunk_grid)
-        return tuple(slice(int(j) * b, min((int(j) + 1) * b, s))
-                     for j, b, s in zip(index, self.block, self.shape))
+        return tuple(slice(j * b, min((j + 1) * b, s))
+                     for j, b, s in zip(self.chunk_index(i), self.block, self.shape))
+
+    def describe(self, i: int) -> str:
+        """Chunk `i` for messages: its index ranges ("chunk 3 (policy_warp[1], replicate[0:2])")."""
+        ranges = [f"{d}[{r.start}]" if r.stop - r.start == 1 else f"{d}[{r.start}:{r.stop}]"
+                  for d, r in zip(self.dims, self.region(i))]
+        return f"chunk {i} ({', '.join(ranges)})"
 
     def count(self, i: int) -> int:
         return math.prod(s.stop - s.start for s in self.region(i))
@@ -878,7 +907,8 @@ def run(sweep: Sweep, progress: Callable[[int, int, float], None] | None = None,
 
 
 def create_store(path: Path, sweep: Sweep, layout: Layout, device: str) -> None:
-    """Write the template: full shape, metadata and coordinates, no data chunks."""
+    """Write the template: full shape, metadata, coordinates and an empty checksum array, no
+    data chunks. It is built beside `path` and renamed into place, so a store is never half made."""
     arrays = {name: np.broadcast_to(np.asarray(_fill_of(name, dtype), dtype=dtype), layout.shape + _extra_shape(sweep, extra))
               for name, (extra, dtype, _) in variables(sweep).items()}
     ds = _dataset(sweep, layout, arrays, _attrs(sweep, layout, device),
@@ -886,24 +916,48 @@ def create_store(path: Path, sweep: Sweep, layout: Layout, device: str) -> None:
     block = dict(ds.sizes) | dict(zip(layout.dims, layout.block))  # sm, stall_reason: whole
     encoding = {name: {"chunks": tuple(block[d] for d in ds[name].dims)} for name in ds.data_vars}
     tmp = path.with_name(path.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    ds.to_zarr(tmp, mode="w", encoding=encoding, zarr_format=2, consolidated=True)
-    if path.exists():
-        shutil.rmtree(path)
-    os.replace(tmp, path)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        ds.to_zarr(tmp, mode="w", encoding=encoding, zarr_format=2, consolidated=True)
+        sweep_integrity.create(tmp, layout.n_chunks, list(variables(sweep)))
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise JaxschedError(str(path), "not created", f"{os_error(exc)}; nothing was computed: free space "
+                            "(or fix the cause) and run again") from None
+
+
+def _chunk_files(path: Path, layout: Layout, i: int, names: Sequence[str], extra: dict[str, int]) -> list[Path]:
+    """The zarr files (format 2, "." separator) of chunk `i` of the variables `names`; `extra`
+    gives each variable's number of trailing dimensions (held whole in every chunk)."""
+    index = layout.chunk_index(i)
+    return [path / name / ".".join(map(str, index + (0,) * extra.get(name, 0))) for name in names]
 
 
 def _write_chunk(path: Path, layout: Layout, i: int, values: dict[str, np.ndarray]) -> None:
-    """Chunk `i`'s data, then its `done` record (a kill in between only loses this chunk)."""
+    """Chunk `i`'s data, its checksums, then its `done` entry, each durable before the next (a
+    kill or an I/O error at any point leaves the chunk not done; sweep_integrity)."""
     region = dict(zip(layout.dims, layout.region(i)))
-    extra = {**VARIABLES, **TRACE_VARIABLES}
-    data = {name: (layout.dims + extra[name][0], v) for name, v in values.items()}
+    dims = {**VARIABLES, **TRACE_VARIABLES}
+    data = {name: (layout.dims + dims[name][0], v) for name, v in values.items()}
     xr.Dataset(data).to_zarr(path, region=region, consolidated=False)
+    sweep_integrity.sync(_chunk_files(path, layout, i, list(values), {k: len(dims[k][0]) for k in values}))
+    sweep_integrity.record(path, i, values)
+    _write_done(path, layout, i, True)
+
+
+def _write_done(path: Path, layout: Layout, i: int, done: bool) -> None:
+    """Set chunk `i`'s `done` entries and make them durable."""
+    region = dict(zip(layout.dims, layout.region(i)))
     shape = tuple(s.stop - s.start for s in region.values())
-    xr.Dataset({"done": (layout.dims, np.ones(shape, dtype=bool))}).to_zarr(path, region=region, consolidated=False)
+    xr.Dataset({"done": (layout.dims, np.full(shape, done))}).to_zarr(path, region=region, consolidated=False)
+    sweep_integrity.sync(_chunk_files(path, layout, i, ["done"], {}))
 
 
-def _open_store(path: Path) -> xr.Dataset:
+def open_store(path: Path) -> xr.Dataset:
+    """A sweep store as a lazy dataset (with `done`), checked to be one and to have every array."""
     try:
         ds = xr.open_zarr(path, consolidated=True)
     except Exception as exc:  # noqa: BLE001
@@ -929,15 +983,43 @@ def store_layout(ds: xr.Dataset) -> Layout:
     return Layout(dims, tuple(ds.sizes[d] for d in dims), tuple(int(b) for b in ds.attrs["chunk_shape"]))
 
 
+def read_done(path: Path, layout: Layout) -> tuple[np.ndarray, list[int]]:
+    """(per-configuration done, chunks whose `done` entries cannot be read): a damaged `done`
+    file makes its chunk not done rather than the store unreadable."""
+    array = zarr.open_array(str(path / "done"), mode="r")
+    try:
+        return np.asarray(array[...], dtype=bool), []
+    except Exception:  # noqa: BLE001 -- a damaged chunk file: find it below
+        done, unreadable = np.zeros(layout.shape, dtype=bool), []
+        for i in range(layout.n_chunks):
+            try:
+                done[layout.region(i)] = array[layout.region(i)]
+            except Exception:  # noqa: BLE001 -- whatever the codec says about a damaged file
+                unreadable.append(i)
+        return done, unreadable
+
+
 def store_progress(path: Path) -> tuple[Layout, np.ndarray, np.ndarray]:
     """(layout, per-configuration done, per-chunk done) of a store."""
-    ds = _open_store(path)
-    layout = store_layout(ds)
-    done = np.asarray(ds["done"].values, dtype=bool)
+    layout = store_layout(open_store(path))
+    done, _ = read_done(path, layout)
     return layout, done, layout.done_chunks(done)
 
 
+def verify_chunks(path: Path, layout: Layout, chunks: Sequence[int]) -> dict[int, str]:
+    """Chunks (of `chunks`) whose data does not match the checksums in the store, with what is
+    wrong (sweep_integrity.verify)."""
+    recorded = sweep_integrity.recorded(path)
+    check(recorded is not None, str(path), "no checksums", "a store made before chunk checksums: nothing to verify")
+    names, table = recorded
+    return sweep_integrity.verify(path, {i: layout.region(i) for i in chunks}, names, table)
+
+
 def _check_resumable(ds: xr.Dataset, sweep: Sweep, path: Path) -> None:
+    if ds.attrs.get("store_version") != STORE_VERSION:
+        raise JaxschedError(str(path), f"store_version {ds.attrs.get('store_version')}",
+                            f"made by another jaxsched version (this one writes store_version {STORE_VERSION}); "
+                            "remove it to start over, or use another -o")
     if ds.attrs.get("spec") != sweep.text:
         raise JaxschedError(str(path), "spec changed",
                             "the store was made from a different spec text; run without --resume "
@@ -953,7 +1035,7 @@ def open_result(path: str | Path, *, partial: bool = False) -> xr.Dataset:
     """The dataset of a sweep: an output folder, its `sweep.zarr` or `sweep.nc`.
 
     A zarr store must be complete unless `partial` (missing configurations are NaN or 0); the
-    resume record `done` is dropped (kept with `partial=True`).
+    resume record `done` is dropped (kept, in memory, with `partial=True`).
     """
     p = Path(path)
     if p.is_dir() and p.suffix != ".zarr":
@@ -961,10 +1043,11 @@ def open_result(path: str | Path, *, partial: bool = False) -> xr.Dataset:
     check(p.exists(), "sweep result", str(path), "no such folder, .zarr store or .nc file")
     if p.is_file():
         return _open_netcdf(p)
-    ds = _open_store(p)
+    ds = open_store(p)
+    layout = store_layout(ds)
+    done, _ = read_done(p, layout)
     if partial:
-        return ds
-    done = np.asarray(ds["done"].values)
+        return ds.assign(done=(layout.dims, done, ds["done"].attrs))
     check(bool(done.all()), str(p), f"{int(done.sum())}/{done.size} configurations done",
           "an unfinished sweep: finish it with `jaxsched sweep SPEC -o OUT --resume` "
           "(or open it with partial=True)")
@@ -972,13 +1055,29 @@ def open_result(path: str | Path, *, partial: bool = False) -> xr.Dataset:
 
 
 def write_netcdf(store: Path, path: Path) -> Path:
-    """The complete store as netCDF (h5netcdf), written atomically."""
-    ds = open_result(store).load()
+    """The complete store as netCDF (h5netcdf), written beside `path` and renamed into place,
+    after every chunk is verified against its checksum (a store changed on disk is refused)."""
+    ds = open_result(store)
+    layout = store_layout(open_store(store))
+    bad = verify_chunks(store, layout, range(layout.n_chunks))
+    if bad:
+        i, problem = next(iter(bad.items()))
+        raise JaxschedError(str(store), f"{len(bad)} chunks changed on disk",
+                            f"{layout.describe(i)}: {problem}; continue with --resume to recompute them "
+                            f"({path.name} not written)")
+    ds = ds.load()
     for v in ds.variables.values():
         v.encoding = {}
     tmp = path.with_name(path.name + ".partial")
-    ds.to_netcdf(tmp, engine="h5netcdf")
-    os.replace(tmp, path)
+    try:
+        ds.to_netcdf(tmp, engine="h5netcdf")
+        sweep_integrity.sync([tmp])
+        os.replace(tmp, path)
+        sweep_integrity.sync([path])
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise JaxschedError(str(path), "not written", f"{os_error(exc)}; every chunk is in {store}: free space "
+                            "(or fix the cause) and continue with --resume to write it") from None
     return path
 
 
@@ -1026,24 +1125,54 @@ def execute(
     """Run a sweep into `out/sweep.zarr`, chunk by chunk, then write `out/sweep.nc`.
 
     `resume`: continue an existing store (refused if the spec changed), computing only the
-    chunks not yet recorded. Without it an existing store is replaced, unless it is unfinished
-    (an error: pass `resume` or remove it). `chunk` overrides the spec's chunk size for a new
-    store (a resumed store keeps its chunk shape). `progress(total, done)` makes a reporter
-    with `update(done)` and `close()`. `stop()` is checked after every chunk is written: when
-    it returns True the run ends early (`Outcome.interrupted`). Under `jax.distributed`, every
-    process calls this with the same arguments (see the module docstring).
+    chunks not yet recorded, and those recorded whose data no longer matches its checksum.
+    Without it an existing store is replaced, unless it is unfinished (an error: pass `resume`
+    or remove it). `chunk` overrides the spec's chunk size for a new store (a resumed store keeps
+    its chunk shape). `progress(total, done)` makes a reporter with `update(done)` and `close()`.
+    `stop()` is checked after every chunk is written: when it returns True the run ends early
+    (`Outcome.interrupted`). Under `jax.distributed`, every process calls this with the same
+    arguments (see the module docstring).
+
+    The run holds `out`'s lock throughout (`sweep_lock`): another run writing `out` is an error
+    naming it. A full disk or another I/O error is an error too, and leaves the store valid: the
+    chunk being written is not marked done, and `resume` completes the sweep.
     """
     out = Path(out)
     check(not out.exists() or out.is_dir(), "-o", str(out), "exists and is not a folder: name an output folder")
+    rank, n_proc = jax.process_index(), jax.process_count()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise JaxschedError("-o", str(out), f"cannot be created: {os_error(exc)}") from None
+    lock = sweep_lock.StoreLock(sweep_lock.lock_path(out, rank), sweep_lock.Owner.me(rank, n_proc))
+    stale = lock.acquire()
+    if stale is not None:
+        log(f"{lock.path}: taking over from {stale.describe()}, which ended without releasing it")
+    try:
+        return _execute(sweep, out, resume, chunk, devices, progress, stop, log)
+    finally:
+        lock.release()
+
+
+def _io_error(store: Path, layout: Layout, i: int, exc: OSError) -> JaxschedError:
+    """A chunk that could not be written: what failed, and that the store stays valid."""
+    return JaxschedError(str(store), f"{layout.describe(i)} not written",
+                         f"{os_error(exc)}; the store keeps every chunk written before and this one is not "
+                         "marked done: free space (or fix the cause) and continue with --resume")
+
+
+def _execute(sweep: Sweep, out: Path, resume: bool, chunk: int | None, devices: Sequence | None,
+             progress: Callable[..., "Progress"] | None, stop: Callable[[], bool] | None,
+             log: Callable[[str], None]) -> Outcome:
+    """`execute` with `out`'s lock held."""
     store = out / STORE
     rank, n_proc = jax.process_index(), jax.process_count()
     runner = runner_for(sweep, devices)
     if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
         keep = False
         if store.exists():
             if resume:
-                ds = _open_store(store)
+                ds = open_store(store)
                 _check_resumable(ds, sweep, store)
                 keep = True
                 if chunk and tuple(store_layout(ds).block) != make_layout(sweep, chunk).block:
@@ -1064,11 +1193,27 @@ def execute(
             layout = make_layout(sweep, chunk or sweep.chunk or auto_chunk(sweep, runner.devices))
             create_store(store, sweep, layout, runner.describe())
     _barrier("jaxsched-sweep-store", n_proc)
-    ds = _open_store(store)
+    ds = open_store(store)
     _check_resumable(ds, sweep, store)
     layout = store_layout(ds)
-    chunk_done = layout.done_chunks(np.asarray(ds["done"].values, dtype=bool))
+    done, unreadable = read_done(store, layout)
+    chunk_done = layout.done_chunks(done)
     mine = [i for i in range(layout.n_chunks) if i % n_proc == rank]
+    for i in unreadable:
+        if i in mine:
+            log(f"{layout.describe(i)}: its done record cannot be read; recomputing it")
+    recorded = [i for i in mine if chunk_done[i]]
+    changed = verify_chunks(store, layout, recorded)
+    if recorded:
+        log(f"verified {len(recorded)} chunks done against their checksums: "
+            + (f"{len(changed)} changed on disk" if changed else "all intact"))
+    for i, problem in changed.items():
+        log(f"{layout.describe(i)}: {problem}; recomputing it")
+        try:
+            _write_done(store, layout, i, False)  # the store no longer claims it
+        except OSError as exc:
+            raise _io_error(store, layout, i, exc) from None
+        chunk_done[i] = False
     todo = [i for i in mine if not chunk_done[i]]
     total = sum(layout.count(i) for i in mine)
     already = total - sum(layout.count(i) for i in todo)
@@ -1089,7 +1234,11 @@ def execute(
             if stop is not None and stop():
                 interrupted = True
                 break
-            _write_chunk(store, layout, i, _compute_chunk(sweep, layout, i, runner, batch))
+            values = _compute_chunk(sweep, layout, i, runner, batch)
+            try:
+                _write_chunk(store, layout, i, values)
+            except OSError as exc:
+                raise _io_error(store, layout, i, exc) from None
             computed += layout.count(i)
             if reporter:
                 reporter.update(already + computed)
@@ -1170,7 +1319,7 @@ def describe(path: str | Path) -> str:
     if p.is_dir() and p.suffix != ".zarr":
         p = p / STORE if (p / STORE).exists() else p / NETCDF
     check(p.exists(), "sweep result", str(path), "no such folder, .zarr store or .nc file")
-    ds = _open_netcdf(p) if p.is_file() else _open_store(p)
+    ds = _open_netcdf(p) if p.is_file() else open_store(p)
     a = ds.attrs
     lines = [f"{a.get('title', '')}", f"  path        : {p}", f"  made by     : {a.get('source', '?')}",
              f"  device      : {a.get('device', '?')}", f"  created     : {str(a.get('history', '?')).split(' ')[0]}",
@@ -1197,7 +1346,7 @@ def describe(path: str | Path) -> str:
         lines.append(line)
     if "done" in ds:
         layout = store_layout(ds)
-        done = np.asarray(ds["done"].values, dtype=bool)
+        done, _ = read_done(p, layout)
         chunks = layout.done_chunks(done)
         state = "complete" if done.all() else "unfinished (continue with --resume)"
         lines.append(f"  completion  : {int(chunks.sum())}/{layout.n_chunks} chunks of shape {layout.block}, "

@@ -104,9 +104,9 @@ def _is_number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def parse(table: object, *, default_seed: int, kind_of: Callable[[str, object, str], str],
+def parse(table: object, *, default_seed: int, max_samples: int, kind_of: Callable[[str, object, str], str],
           check_value: Callable[[str, object, str], None], where: str = "design") -> Design:
-    """A `Design` from the spec's `[design]` table.
+    """A `Design` from the spec's `[design]` table, of at most `max_samples` samples.
 
     `kind_of(path, value, where)` gives a path's value type ("float", "int", "bool", "choice"; it
     raises for an unknown path); `check_value(path, value, where)` raises for a bad value. Every
@@ -118,8 +118,8 @@ def parse(table: object, *, default_seed: int, kind_of: Callable[[str, object, s
     kind = table.get("kind", "lhs")
     check(kind in KINDS, f"{where}.kind", kind, f"one of {KINDS}")
     samples = table.get("samples")
-    check(isinstance(samples, int) and not isinstance(samples, bool) and samples >= 1,
-          f"{where}.samples", samples, "an integer >= 1 (the number of sampled points)")
+    check(isinstance(samples, int) and not isinstance(samples, bool) and 1 <= samples <= max_samples,
+          f"{where}.samples", samples, f"an integer in 1 .. {max_samples} (the number of sampled points)")
     seed = table.get("seed", default_seed)
     check(isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0, f"{where}.seed", seed,
           "an integer >= 0")

@@ -29,7 +29,7 @@ import numpy as np
 
 from . import dvfs, freqmap, workload
 from .arch import Arch
-from .errors import JaxschedError, check
+from .errors import INT32_MAX, JaxschedError, check
 from .kernel import Kernel
 from .lower import DISPATCH_POLICIES, WARP_POLICIES
 
@@ -200,8 +200,10 @@ class KernelGroup(PytreeGroup):
         if field == "threads_fixed_work":
             threads = self.params[field].check(where, value)
             total = int(kernel.grid_ctas) * int(kernel.threads_per_cta)
-            return kernel.replace(threads_per_cta=np.asarray(threads, np.int32),
-                                  grid_ctas=np.asarray(-(-total // threads), np.int32))
+            grid = -(-total // threads)
+            check(grid <= INT32_MAX, where, value,
+                  f"the kernel's {total} threads in CTAs of {threads} make a grid of {grid} CTAs, beyond {INT32_MAX}")
+            return kernel.replace(threads_per_cta=np.asarray(threads, np.int32), grid_ctas=np.asarray(grid, np.int32))
         if field in _NEEDS:
             start = kernel.loop_start if _NEEDS[field] == "loop" else kernel.branch_start
             check(int(start) >= 0, where, value, f"the kernel's program has no {_NEEDS[field]}")

@@ -103,7 +103,7 @@ def validate_structure(workload: Workload) -> None:
     check(1 <= n <= MAX_LAUNCHES, "workload.launches", n, f"1 .. {MAX_LAUNCHES} launches")
     check(workload.mode in MODES, "workload.mode", workload.mode, f"one of {MODES}")
     for l, stream in enumerate(workload.streams):
-        check(0 <= stream < 2**31, f"workload.launch[{l}].stream", stream, "an integer >= 0")
+        check(0 <= stream < 2**31, f"workload.launch[{l}].stream", stream, "an integer in 0 .. 2^31 - 1")
         for d in workload.after[l]:
             check(0 <= d < l, f"workload.launch[{l}].after", d,
                   f"an earlier launch (0 .. {l - 1}): an event is recorded before it is waited on")

@@ -125,6 +125,9 @@ def bad_arch_file(tmp_path_factory) -> Path:
 
 
 OCC = ("occupancy", "--arch", "h200", "--regs", "32")
+# Checked before jax.distributed starts: nothing listens on the port.
+SWEEP_HOSTS = ("sweep", str(ROOT / "tests" / "data" / "tiny_sweep.toml"), "-o", "/nonexistent/out",
+               "--coordinator", "localhost:1")
 BAD_INPUT = {
     "threads 0": (("occupancy", "--threads", "0", "--regs", "32"), "threads_per_block", "0"),
     "threads 1025": ((*OCC, "--threads", "1025"), "threads_per_block", "1025"),
@@ -146,6 +149,12 @@ BAD_INPUT = {
     "clock 0": (("run", str(KERNELS / "divergent.toml"), "--clock-ghz", "0"), "clock_ghz", "0"),
     "threads 1e22": ((*OCC, "--threads", "10000000000000000000000"), "threads_per_block",
                      "10000000000000000000000"),
+    "num-processes 1e22": ((*SWEEP_HOSTS, "--num-processes", "10000000000000000000000", "--process-id", "0"),
+                           "--num-processes", "10000000000000000000000"),
+    "process-id 1e22": ((*SWEEP_HOSTS, "--num-processes", "2", "--process-id", "10000000000000000000000"),
+                        "--process-id", "10000000000000000000000"),
+    "process-id -1": ((*SWEEP_HOSTS, "--num-processes", "2", "--process-id", "-1"), "--process-id", "0 .. 1"),
+    "num-processes 0": ((*SWEEP_HOSTS, "--num-processes", "0", "--process-id", "0"), "--num-processes", "1 .."),
 }
 
 
@@ -237,6 +246,26 @@ def test_console_script_occupancy():
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     check_occupancy_text(proc.stdout)
+
+
+@pytest.mark.parametrize("case", ["threads 1e22", "trips 3e9", "not utf-8"])
+def test_reported_tracebacks_are_one_line_in_the_console_script(tmp_path, case):
+    """The three inputs once reported with a Python traceback, through the installed command."""
+    cmd = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "jaxsched.cli"]
+    if case == "threads 1e22":
+        argv, words = ["occupancy", "--threads", "10000000000000000000000", "--regs", "32"], \
+            ["threads_per_block", "10000000000000000000000", "2^31 - 1"]
+    elif case == "trips 3e9":
+        k = _write(tmp_path / "k.toml", b'[kernel]\ngrid = 4\nthreads = 64\nprogram = "loop 3000000000\\n fma\\nend"\n')
+        argv, words = ["run", str(k)], ["program line 1", "3000000000", "16777215"]
+    else:
+        k = _write(tmp_path / "k.toml", b'[kernel]\nname = "\xff\xfe"\n')
+        argv, words = ["run", str(k)], ["kernel file", "k.toml", "not UTF-8"]
+    proc = subprocess.run([*cmd, *argv], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"jaxsched {argv[0]}: error: "), proc.stderr
+    assert all(w in lines[0] for w in words), lines[0]
 
 
 def _write(path: Path, data: bytes) -> Path:

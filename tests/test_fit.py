@@ -165,6 +165,10 @@ steps = 2
     ("steps = 2", "steps = 0", "fit.steps"),
     ("sigma = 0.15", 'sigma = 0.15\nmodel = "flat"', "clocks.model"),
     ("grid = 128", "grid = 128\nwarps = 3", "warps"),
+    ("steps = 2", "steps = 10000000000000000000000", "fit.steps = 10000000000000000000000: an integer in 1 .. 2147483647"),
+    ("steps = 2", 'steps = 2\nlearning_rate = "fast"', "fit.learning_rate = 'fast'"),
+    ('title =', 'seed = 10000000000000000000000\ntitle =', "seed = 10000000000000000000000: an integer in 0 .. 2147483647"),
+    ("sigma = 0.15", 'sigma = "wide"', "clocks.sigma = 'wide'"),
 ])
 def test_dispatch_spec_errors_name_the_field(tmp_path, old, new, field):
     (tmp_path / "small.toml").write_text(archio.dumps(ARCH))

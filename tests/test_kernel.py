@@ -171,6 +171,8 @@ BAD_PROGRAMS = {
     "ldg bytes 0": ("ldg bytes=0", 1, "1..4096"),
     "ldg bytes too large": ("ldg bytes=8192", 1, "1..4096"),
     "ways 33": ("lds ways=33", 1, "1..32"),
+    "ways 1e22": ("lds ways=10000000000000000000000", 1, "1..32"),
+    "bytes 1e22": ("ldg bytes=10000000000000000000000", 1, "1..4096"),
     "probability above 1": ("if 1.5\n fma\nelse\n alu\nend", 1, "[0, 1]"),
     "probability below 0": ("fma\nif -0.1\n fma\nelse\n alu\nend", 2, "[0, 1]"),
     "probability nan": ("if nan\n fma\nelse\n alu\nend", 1, "[0, 1]"),
@@ -254,6 +256,13 @@ def test_bad_launch_values(kwargs, field, value):
         make_kernel("fma", **args)
     assert exc.value.field == field
     assert f"{field} = {value}" in str(exc.value)
+
+
+def test_numpy_numbers_are_numbers():
+    """numpy scalars (np.float32 from an array, np.int64 from a range) are accepted like Python numbers."""
+    k = make_kernel("fma", grid=np.int64(4), threads=np.int32(64), l2_hit_rate=np.float32(0.25),
+                    grid_sync_ns=np.float64(100.0))
+    assert int(k.grid_ctas) == 4 and float(k.l2_hit_rate) == 0.25 and float(k.grid_sync_ns) == 100.0
 
 
 def test_kernel_from_dict_errors():

@@ -62,6 +62,16 @@ def test_zero_clocks_never_reach_the_loop():
     _raises(lambda: js.Clocks(sm_freq_mhz=np.full(ARCH.n_sm_slots, 1.5e3)), "clocks.sm_freq_mhz")
 
 
+@pytest.mark.parametrize("seed", [-1, 1.5, True])
+def test_gaussian_clock_seed_is_a_non_negative_integer(seed):
+    err = _raises(lambda: js.clocks.gaussian(ARCH, seed, 1.8, 0.05), "seed")
+    assert "an integer >= 0" in err.limit
+
+
+def test_numpy_clock_is_a_clock():
+    assert int(js.clocks.uniform(ARCH, np.float32(1.5)).sm_freq_mhz.max()) == 1500
+
+
 def test_clock_map_of_the_wrong_length_names_both_lengths():
     """Clocks for a 144-slot die on an 8-slot chip: the error says which lengths are accepted and
     what each means; a map per enabled SM is accepted."""

@@ -79,6 +79,9 @@ def test_variation_clock_model_is_binned_and_capped():
         (('"clocks.sigma" = [0.0, 0.1]', '"arch.max_threads_per_sm" = [-64]'), "positive"),
         (("threads = 64", "threads = 2048"), "threads"),
         (("replicates = 2", "replicates = 0"), "replicates"),
+        (("replicates = 2", "replicates = 10000000000000000000000"), "replicates = 10000000000000000000000: an integer in 1 .. 100000000"),
+        (("replicates = 2", "replicates = 20000000"), "configurations = 160000000: at most 100000000"),
+        (("seed = 3", "seed = 10000000000000000000000"), "seed = 10000000000000000000000: an integer in 0 .. 2147483647"),
         (('title = "test"', 'title = "test"\nbogus = 1'), "bogus"),
         (("[grid]", "[grid"), "malformed TOML"),
         (("[kernel]", "[engine]\nfast_forward = 1\n[kernel]"), "engine.fast_forward"),
@@ -90,6 +93,14 @@ def test_bad_specs_fail_before_compute(edit, message):
     with pytest.raises(js.JaxschedError, match=message):
         spec = sweep.loads(text)
         list(sweep.configurations(spec))  # validation of every configuration, no simulation
+
+
+def test_threads_fixed_work_keeps_the_grid_an_int32():
+    """One thread per CTA for 2^31 threads would need a grid beyond int32: an error, not an overflow."""
+    text = SPEC.replace("grid = 40\n", "grid = 40000000\n").replace('"clocks.sigma" = [0.0, 0.1]',
+                                                                    '"kernel.threads_fixed_work" = [1, 64]')
+    with pytest.raises(js.JaxschedError, match="threads_fixed_work = 1: .* grid of 2560000000 CTAs, beyond 2147483647"):
+        sweep.loads(text)
 
 
 def test_engine_fast_forward_in_the_spec():

@@ -109,6 +109,7 @@ def _edit(old: str, new: str) -> str:
 @pytest.mark.parametrize("text, message", [
     (_edit('kind = "lhs"', 'kind = "sobol"'), "design.kind = 'sobol'"),
     (_edit("samples = 3", "samples = 0"), "design.samples = 0"),
+    (_edit("samples = 3", "samples = 10000000000000000000000"), "design.samples = 10000000000000000000000: an integer in 1 .. 100000000"),
     (_edit("samples = 3", "sample = 3"), "design.sample = 3: unknown key"),
     (_edit('"clocks.sigma" = [0.0, 0.2]', '"clocks.sigmaa" = [0.0, 0.2]'), "design.ranges.clocks.sigmaa = \\[0.0, 0.2\\]: unknown field"),
     (_edit('"clocks.sigma" = [0.0, 0.2]', '"clocks.sigma" = [0.2, 0.0]'), "clocks.sigma = \\[0.2, 0.0\\]: low < high"),

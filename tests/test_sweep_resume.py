@@ -23,7 +23,7 @@ import xarray as xr
 
 from helpers import tiny_sweep_spec
 
-from jaxsched import sweep
+from jaxsched import sweep, sweep_check
 from jaxsched.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,9 +68,9 @@ def _chunk_mtimes(store: Path) -> dict[str, int]:
 
 
 def _comparable(ds: xr.Dataset) -> xr.Dataset:
-    """Everything but the run's time stamp and device."""
+    """Everything but the attributes that differ between runs by design (time stamp, device)."""
     ds = ds.copy()
-    ds.attrs = {k: v for k, v in ds.attrs.items() if k not in ("history", "device")}
+    ds.attrs = {k: v for k, v in ds.attrs.items() if k not in sweep_check.VOLATILE_ATTRS}
     return ds
 
 
@@ -127,6 +127,8 @@ def test_kill_leaves_a_partial_store(interrupted):
     assert interrupted["killed_rc"] == -signal.SIGKILL
     assert 1 <= interrupted["after_kill"] < N_CHUNKS
     assert not interrupted["nc_after_kill"]
+    # the killed run's lock died with it: the next run takes it over and says whose it was
+    assert "sweep.lock: taking over from pid" in interrupted["sigint_err"]
 
 
 def test_ctrl_c_stops_cleanly_after_a_chunk(interrupted):

@@ -39,11 +39,11 @@ import xarray as xr
 from .. import archio, bounds, clocks, presets, tomldoc
 from ..arch import Arch
 from ..engine.run import simulate_batch
-from ..errors import check
+from ..errors import INT32_MAX, check
 from ..issue_bound import IssueDemand, issue_demand, issue_ns
 from ..kernel import Kernel, kernel_from_dict
 from ..lower import DISPATCH_POLICIES, WARP_POLICIES
-from ..sweep import clock_map
+from ..sweep import MAX_SEED, clock_map
 from . import dispatch_fit as df
 from .launch import (
     dispatch_params,
@@ -78,6 +78,14 @@ class DispatchSpec:
 
     def map_seed(self, i: int, test: bool) -> int:
         return self.seed * 1_000_003 + (TEST_SEED_OFFSET if test else 0) + i
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _table(doc: dict, key: str, defaults: dict, source: str) -> dict:
@@ -123,20 +131,23 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Disp
     check(clk["model"] in ("gaussian", "variation"), f"{source}: clocks.model", clk["model"],
           "gaussian or variation")
     for key in ("train_maps", "test_maps"):
-        check(isinstance(clk[key], int) and 1 <= clk[key] <= 4096, f"{source}: clocks.{key}", clk[key],
+        check(_is_int(clk[key]) and 1 <= clk[key] <= 4096, f"{source}: clocks.{key}", clk[key],
               "an integer in 1 .. 4096")
-    check(0 <= float(clk["sigma"]) < 1, f"{source}: clocks.sigma", clk["sigma"], "in [0, 1)")
+    check(_is_real(clk["sigma"]) and 0 <= clk["sigma"] < 1, f"{source}: clocks.sigma", clk["sigma"], "in [0, 1)")
     if clk["corr_length_mm"] is None:
         from ..freqmap import default_corr_length_mm
 
         clk["corr_length_mm"] = float(default_corr_length_mm(arch))
     fit = _table(doc, "fit", _FIT, source)
-    check(isinstance(fit["steps"], int) and fit["steps"] >= 1, f"{source}: fit.steps", fit["steps"], "an integer >= 1")
-    check(float(fit["learning_rate"]) > 0, f"{source}: fit.learning_rate", fit["learning_rate"], "> 0")
-    check(float(fit["temperature"]) > 0, f"{source}: fit.temperature", fit["temperature"], "> 0")
+    check(_is_int(fit["steps"]) and 1 <= fit["steps"] <= INT32_MAX, f"{source}: fit.steps", fit["steps"],
+          f"an integer in 1 .. {INT32_MAX}")
+    for key in ("learning_rate", "temperature"):
+        check(_is_real(fit[key]) and 0 < fit[key] < np.inf, f"{source}: fit.{key}", fit[key], "a finite number > 0")
+    seed = doc.get("seed", 0)
+    check(_is_int(seed) and 0 <= seed <= MAX_SEED, f"{source}: seed", seed, f"an integer in 0 .. {MAX_SEED}")
     check(isinstance(fit["per_chip"], bool), f"{source}: fit.per_chip", fit["per_chip"], "true or false")
     return DispatchSpec(title=str(doc.get("title", source)), text=text, arch=arch, warp_policy=warp,
-                        seed=int(doc.get("seed", 0)), families=families, kernels=kernels, clocks=clk, fit=fit)
+                        seed=seed, families=families, kernels=kernels, clocks=clk, fit=fit)
 
 
 def load(path: str | Path) -> DispatchSpec:
