@@ -26,16 +26,19 @@ Schema (every section optional when `base` names a preset to start from):
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from . import presets, tomldoc
-from .arch import Arch, make_arch
+from .archvalues import FIELDS, ArchValues
 from .errors import JaxschedError, check
 from .hierarchy import build_hierarchy
 from .isa import OP_NAMES
+
+if TYPE_CHECKING:
+    from .arch import Arch
 
 _TOP = ("name", "compute_capability", "schedulers_per_sm", "warp_size")
 _SECTIONS = {
@@ -59,7 +62,7 @@ _HIERARCHY_KEYS = ("gpc_tpcs_full", "gpc_tpcs_enabled", "die_mm", "gpc_rows")
 _PER_OP = ("latency_cycles", "issue_cycles")
 
 
-def to_dict(arch: Arch) -> dict:
+def to_dict(arch: Arch | ArchValues) -> dict:
     """The TOML document of `arch` as a plain dict (explicit per-SM arrays)."""
     doc: dict = {key: _plain(getattr(arch, key)) for key in _TOP}
     xy = np.asarray(arch.sm_xy_mm)
@@ -84,7 +87,7 @@ def to_dict(arch: Arch) -> dict:
     return doc
 
 
-def dumps(arch: Arch) -> str:
+def dumps(arch: Arch | ArchValues) -> str:
     """TOML text of `arch`."""
     import tomli_w  # only writing needs it
 
@@ -106,16 +109,28 @@ def load(path: str | Path) -> Arch:
     return from_dict(tomldoc.read(path, "arch file"), str(path))
 
 
+def load_values(path: str | Path) -> ArchValues:
+    """Read an architecture from a TOML file as numpy values, without JAX (`ArchValues`)."""
+    return _build(ArchValues, fields_from_dict(tomldoc.read(path, "arch file"), str(path)), str(path))
+
+
 def from_dict(doc: dict, source: str = "<dict>") -> Arch:
     """Build an `Arch` from a parsed TOML document (see module docstring for the schema)."""
+    from .arch import make_arch  # imports JAX; `load_values` reads a file without it
+
+    return _build(make_arch, fields_from_dict(doc, source), source)
+
+
+def fields_from_dict(doc: dict, source: str = "<dict>") -> dict:
+    """The architecture fields a parsed TOML document describes, as plain values (every field,
+    from `base` where the document leaves it out)."""
     doc = dict(doc)
     base_name = doc.pop("base", None)
     fields: dict = {}
     if base_name is not None:
         check(str(base_name).lower() in presets.names(), f"{source}: base", base_name,
               f"unknown preset; known presets: {', '.join(presets.names())}")
-        base = presets.get(str(base_name))
-        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+        fields = presets.fields(str(base_name))
     known = set(_TOP) | set(_SECTIONS) | {"sm", "hierarchy"}
     for key in doc:
         check(key in known, f"{source}: {key}", doc[key], f"unknown key; expected one of {sorted(known)}")
@@ -141,10 +156,15 @@ def from_dict(doc: dict, source: str = "<dict>") -> Arch:
             if key in _PER_OP:
                 value = _per_op(value, f"{source}: {section}.{key}")
             fields[key] = value
-    missing = [f.name for f in dataclasses.fields(Arch) if f.name not in fields]
+    missing = [f for f in FIELDS if f not in fields]
     check(not missing, f"{source}", f"missing {missing}", "every field is required unless `base` names a preset")
+    return fields
+
+
+def _build(make: Callable[..., Arch | ArchValues], fields: dict, source: str) -> Arch | ArchValues:
+    """`make(**fields)`, its errors named after `source`."""
     try:
-        return make_arch(**fields)
+        return make(**fields)
     except (TypeError, ValueError, OverflowError) as exc:
         if isinstance(exc, JaxschedError):
             raise JaxschedError(f"{source}: {exc.field}", exc.value, exc.limit) from None

@@ -9,14 +9,21 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import archio, clocks, fit_cli, presets, probe_cli, tomldoc
-from .arch import Arch
+from . import archio, fit_cli, presets, probe_cli, tomldoc
+from .archvalues import ArchValues
 from .errors import JaxschedError, check
-from .lower import DISPATCH_POLICIES, WARP_POLICIES
 from .occupancy import CARVEOUT_DEFAULT, NO_LIMIT, occupancy
+from .policies import DISPATCH_POLICIES, WARP_POLICIES
+
+if TYPE_CHECKING:
+    from .arch import Arch
+
+# Commands import JAX (and the engine) only where they need it: `arch`, `occupancy` and `--help`
+# answer without starting it (benchmarks/RESULTS.md, "Command-line start-up").
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
@@ -26,16 +33,23 @@ def _command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
     return fn
 
 
+def _is_arch_file(spec: str) -> bool:
+    return spec.endswith(".toml") or Path(spec).is_file()
+
+
 def load_arch(spec: str) -> Arch:
     """A preset name or the path of an arch TOML file."""
-    if spec.endswith(".toml") or Path(spec).is_file():
-        return archio.load(spec)
-    return presets.get(spec)
+    return archio.load(spec) if _is_arch_file(spec) else presets.get(spec)
+
+
+def arch_values(spec: str) -> ArchValues:
+    """`load_arch`'s architecture as numpy values, without JAX."""
+    return archio.load_values(spec) if _is_arch_file(spec) else presets.values(spec)
 
 
 @_command
 def cmd_arch(args: argparse.Namespace) -> int:
-    arch = load_arch(args.name)
+    arch = arch_values(args.name)
     if args.toml:
         sys.stdout.write(archio.dumps(arch))
         return 0
@@ -61,7 +75,7 @@ def _limit_str(value: int) -> str:
 
 @_command
 def cmd_occupancy(args: argparse.Namespace) -> int:
-    arch = load_arch(args.arch)
+    arch = arch_values(args.arch)
     occ = occupancy(arch, args.threads, args.regs, args.smem, args.static_smem,
                     carveout_percent=args.carveout, block_barriers=args.barriers)
     sizes = np.arange(32, int(arch.max_threads_per_block) + 1, 32)
@@ -135,7 +149,8 @@ def _load_run_input(path: str):
 
 @_command
 def cmd_run(args: argparse.Namespace) -> int:
-    from .engine.run import simulate  # imported here: `jaxsched occupancy` stays light
+    from . import clocks
+    from .engine.run import simulate
     from .issue_bound import issue_demand, issue_ns
     from .workload import Workload
 

@@ -16,20 +16,19 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from .arch import ISSUE_UNITS_PER_CYCLE, Arch
-from .arch import validate as validate_arch
+from .arch import Arch
+from .archvalues import ISSUE_UNITS_PER_CYCLE
+from .archvalues import validate as validate_arch
 from .clocks import Clocks, lengths_hint, validate_clocks
 from .dvfs import Dvfs, DvfsLaunch, lower_dvfs, off, tick_mhz as reachable_tick_mhz
 from .errors import INT32_MAX, INT32_MIN, JaxschedError, check, check_floats, check_ints, check_values
 from .isa import Op
 from .kernel import Kernel, validate_kernel
 from .occupancy import check_launch, occupancy
+from .policies import DISPATCH_POLICIES, WARP_POLICIES
 
 QUEUE_ONE_TICK = 1024  # memory-queue backlog is kept in 1/1024 of a tick
 BRANCH_HASH_ONE = 1 << 24  # branch lane draws compare 24-bit hashes against p * 2^24
-
-WARP_POLICIES = ("lrr", "gto", "oldest")
-DISPATCH_POLICIES = ("hardware", "round_robin", "least_loaded", "weighted", "closed_loop")
 
 
 @dataclasses.dataclass(frozen=True)

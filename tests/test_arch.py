@@ -19,7 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxsched as js
-from jaxsched import archio, presets
+from jaxsched import archio, archvalues, presets
+from jaxsched.arch import Arch
 from jaxsched.hierarchy import build_hierarchy
 from jaxsched.isa import N_OPS, OP_NAMES, Op
 
@@ -493,3 +494,25 @@ def test_validate_via_replace(arch_cache):
 def test_bad_toml_values_raise_jaxsched_error(text):
     with pytest.raises(js.JaxschedError):
         archio.loads(text)
+
+
+def test_arch_values_are_the_arch_without_jax():
+    """`ArchValues` has `Arch`'s fields, cast to the same dtypes, and is checked by the same rules."""
+    import dataclasses
+
+    assert archvalues.FIELDS == tuple(f.name for f in dataclasses.fields(Arch))
+    for name in PRESETS:
+        values, arch = presets.values(name), presets.get(name)
+        assert (values.n_sm_slots, values.sm_count) == (arch.n_sm_slots, arch.sm_count)
+        for field in archvalues.FIELDS:
+            a, v = getattr(arch, field), getattr(values, field)
+            assert type(a) is type(v), field
+            if isinstance(a, np.ndarray):
+                assert a.dtype == v.dtype, field
+            np.testing.assert_array_equal(a, v, err_msg=field)
+    fields = presets.fields("h200")
+    with pytest.raises(js.JaxschedError, match="max_blocks_per_sm"):
+        archvalues.ArchValues(**{**fields, "max_blocks_per_sm": 0})
+    with pytest.raises(js.JaxschedError, match="missing"):
+        archvalues.ArchValues(**{k: v for k, v in fields.items() if k != "warp_size"})
+
