@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import archio, fit_cli, presets, probe_cli, tomldoc
+from . import archio, compile_cache, fit_cli, presets, probe_cli, tomldoc
 from .archvalues import ArchValues
 from .errors import JaxschedError, check
 from .occupancy import CARVEOUT_DEFAULT, NO_LIMIT, occupancy
@@ -392,6 +392,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxsched", description=__doc__)
+    parser.add_argument("--no-compile-cache", action="store_true",
+                        help="compile anew: keep no compiled simulations (default: kept in "
+                        f"$XDG_CACHE_HOME/jaxsched or ~/.cache/jaxsched; ${compile_cache.ENV} moves it, "
+                        f"{compile_cache.ENV}=off turns it off)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("arch", help="print an architecture preset or TOML file")
@@ -458,9 +462,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_COMPILING = ("run", "sweep", "fit")  # the commands that compile simulations
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        folder = compile_cache.default_folder()
+        if args.command in _COMPILING and not args.no_compile_cache and folder is not None:
+            compile_cache.enable(folder)
         return _COMMANDS[args.command](args)
     except JaxschedError as exc:
         print(f"jaxsched {args.command}: error: {exc}", file=sys.stderr)

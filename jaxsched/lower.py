@@ -41,6 +41,10 @@ class Shapes:
     schedulers: int
     n_instr: int
     max_ctas: int  # per-CTA trace length (all launches of a workload)
+    # the engine's run-time guard on values that were traced when given (equinox.error_if); off
+    # where every value was concrete, so checked where it was built: its host callbacks keep an
+    # executable out of every compilation cache (compile_cache.py)
+    guarded: bool = True
     trace_len: int = 0  # rows of the DVFS clock trace (section 12)
     n_launches: int = 1  # kernel launches of a workload (section 13)
     dvfs: bool = True  # False when every configuration has DVFS off: section 12's step is compiled out
