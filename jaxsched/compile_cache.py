@@ -10,7 +10,7 @@ Two stores in one folder, `default_folder()`: `$JAXSCHED_CACHE_DIR`, else
   follows from: jaxsched's source, the versions of Python, JAX, jaxlib, equinox and numpy, the
   devices, `XLA_FLAGS`, JAX's and equinox's configuration, the static arguments and the tree,
   shapes and dtypes of the arguments. A hit loads the executable and runs it without tracing.
-  An entry that cannot be read is compiled anew; the least recently used entries beyond
+  An entry that cannot be read or run is compiled anew; the least recently used entries beyond
   `ENGINE_ENTRIES` are removed.
 
 The command line turns both on (`--no-compile-cache` turns them off); from Python, `enable()`.
@@ -79,13 +79,21 @@ def stored(fn: Callable) -> Callable:
         if _engine_folder is None or any(is_traced(x) for x in jax.tree.leaves(args)):
             return fn(*args, **static)
         key = _key(fn, args, static)
-        compiled = _loaded.get(key) or _read(key)
-        if compiled is None:
-            lowered = fn.lower(*args, **static)
-            compiled = lowered.compile()
-            # a host callback (jax.debug.print, equinox.error_if) does not survive serialisation
-            if not lowered._lowering.compile_args.get("host_callbacks"):
-                _write(key, compiled)
+        if key in _loaded:
+            return _loaded[key](*args)
+        compiled = _read(key)
+        if compiled is not None:
+            try:  # an entry that loads but does not run is compiled anew, like one that does not load
+                out = jax.block_until_ready(compiled(*args))
+                _loaded[key] = compiled
+                return out
+            except jax.errors.JaxRuntimeError:
+                pass
+        lowered = fn.lower(*args, **static)
+        compiled = lowered.compile()
+        # a host callback (jax.debug.print, equinox.error_if) does not survive serialisation
+        if not lowered._lowering.compile_args.get("host_callbacks"):
+            _write(key, compiled)
         _loaded[key] = compiled
         return compiled(*args)
 
@@ -149,22 +157,47 @@ def _read(key: str) -> Any:
     return compiled
 
 
+def _serialize(compiled: Any) -> tuple[bytes, Any, Any]:
+    """`jax.experimental.serialize_executable.serialize`, but with the XLA executable written as
+    JAX's own persistent cache writes it (`LoadedExecutable.serialize`). Written through
+    `Client.serialize_executable`, as `serialize` does, a CPU executable loaded in a process
+    that has loaded others from JAX's cache fails to find its kernels ("Function
+    broadcast_multiply_fusion.1 not found") when it runs."""
+    import io
+
+    import jax
+    from jax._src.lib import xla_client
+    from jax.experimental import serialize_executable
+
+    class Pickler(serialize_executable._JaxPjrtPickler):
+        def persistent_id(self, obj: Any) -> Any:
+            if isinstance(obj, xla_client.LoadedExecutable):
+                return "exec", obj.serialize()
+            return super().persistent_id(obj)
+
+    if compiled._params.const_args:
+        raise NotImplementedError("an executable with constant arguments")
+    args_info_flat, in_tree = jax.tree.flatten(compiled.args_info)
+    with io.BytesIO() as file:
+        Pickler(file).dump((compiled._executable._unloaded_executable, args_info_flat, compiled._no_kwargs))
+        return file.getvalue(), in_tree, compiled.out_tree
+
+
 def _write(key: str, compiled: Any) -> None:
     """Store `compiled` under `key` (atomically: a killed write leaves no partial entry), then
     drop the least recently used entries beyond `ENGINE_ENTRIES`. A cache that cannot be
     written is skipped."""
     import jax
-    from jax.experimental import serialize_executable
 
     try:
-        payload, in_tree, out_tree = serialize_executable.serialize(compiled)
+        payload, in_tree, out_tree = _serialize(compiled)
         # trees are stored as skeletons (their leaves zeros): a pickled PyTreeDef of equinox
         # modules does not unflatten again
         skeletons = (jax.tree.unflatten(in_tree, [0] * in_tree.num_leaves),
                      jax.tree.unflatten(out_tree, [0] * out_tree.num_leaves))
         device_ids = [d.id for d in compiled.runtime_executable().local_devices()]  # in the executable's order
         data = pickle.dumps((payload, *skeletons, device_ids))
-    except (ValueError, NotImplementedError, TypeError, pickle.PicklingError):
+    except (ValueError, NotImplementedError, TypeError, AttributeError, pickle.PicklingError):
         return  # this executable cannot be serialised
     path = _engine_folder / f"{key}.exe"
     tmp = path.with_suffix(f".{os.getpid()}.tmp")

@@ -109,6 +109,22 @@ def test_unreadable_entry_is_compiled_anew(store):
     assert reads == [False, False, True]
 
 
+def test_entry_that_fails_to_run_is_compiled_anew(store, monkeypatch):
+    """An executable that loads but fails when it runs (as a CPU executable once did, written
+    the way `jax.experimental.serialize_executable` writes it) is compiled and written again."""
+    fn, traced, reads, folder = store
+    m = Scaled(np.ones(3, np.float32), "x")
+    fn(m, np.float32(0), power=2)
+    compile_cache._loaded.clear()
+
+    def broken(*args):
+        raise jax.errors.JaxRuntimeError("NOT_FOUND: Function broadcast_multiply_fusion.1 not found")
+
+    monkeypatch.setattr(compile_cache, "_read", lambda key: broken)
+    np.testing.assert_array_equal(fn(m, np.float32(0), power=2).values, [1, 1, 1])
+    assert len(list(folder.glob("*.exe"))) == 1
+
+
 def test_traced_arguments_and_a_disabled_store_bypass_it(store, monkeypatch):
     fn, traced, reads, folder = store
     m = Scaled(np.ones(3, np.float32), "x")
@@ -132,7 +148,8 @@ def _run(kernel: Path, cache: str, *extra: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != compile_cache.ENV}
     env[compile_cache.ENV] = cache
     proc = subprocess.run([str(SCRIPT), *extra, "run", str(kernel), "--arch", str(ROOT / "sweeps" / "arches" /
-                           "h200_8sm.toml"), "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+                           "h200_8sm.toml"), "--clocks", str(kernel.with_suffix(".csv")), "--json"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
@@ -140,10 +157,11 @@ def _run(kernel: Path, cache: str, *extra: str) -> str:
 @pytest.mark.skipif(not SCRIPT.exists(), reason="the console script is not installed")
 def test_cli_keeps_compiled_runs(tmp_path):
     """A first `jaxsched run` writes JAX's cache and an engine executable; the second loads it
-    (the entry's time is touched) and prints the same; `--no-compile-cache` writes nothing and
-    prints the same too."""
+    (the entry's time is touched) after loading the clock map's small programs from JAX's cache,
+    and prints the same; `--no-compile-cache` writes nothing and prints the same too."""
     kernel = tmp_path / "tiny.toml"
     kernel.write_text('[kernel]\nname = "tiny"\ngrid = 40\nthreads = 64\nprogram = "ldg\\nfma dep\\nalu"\n')
+    kernel.with_suffix(".csv").write_text("1500\n1600\n1700\n1800\n1900\n1980\n1980\n1980\n")
     folder = tmp_path / "cache"
     first = _run(kernel, str(folder))
     (entry,) = (folder / "engine").glob("*.exe")
@@ -151,7 +169,8 @@ def test_cli_keeps_compiled_runs(tmp_path):
     os.utime(entry, (1, 1))
     assert _run(kernel, str(folder)) == first
     assert entry.stat().st_mtime > 1
-    assert json.loads(first)["ctas"] == 40
+    doc = json.loads(first)
+    assert doc["ctas"] == 40 and doc["sm_clock_mhz"] == [1500, 1600, 1700, 1800, 1900, 1980, 1980, 1980]
     assert _run(kernel, str(tmp_path / "unused"), "--no-compile-cache") == first
     assert not (tmp_path / "unused").exists()
 
