@@ -147,23 +147,68 @@ def _load_run_input(path: str):
     return kernel_from_dict(doc, str(path))
 
 
+def _run_clocks(args: argparse.Namespace, arch: Arch):
+    """The run's per-SM clocks: every SM at --clock-ghz (default boost), a map from --clocks, or
+    a random chip from --clock-model (mean --clock-ghz, spread --sigma, chip --seed)."""
+    from . import clocks, freqmap
+
+    check(args.clocks is None or args.clock_model is None, "--clocks", args.clocks,
+          "give a clock map or --clock-model, not both")
+    if args.clock_model is None:
+        for flag, value in (("--sigma", args.sigma), ("--seed", args.seed)):
+            check(value is None, flag, value, "used only with --clock-model")
+    if args.clocks is not None:
+        check(args.clock_ghz is None, "--clock-ghz", args.clock_ghz, "not with --clocks (the map has every clock)")
+        return freqmap.to_clocks(arch, freqmap.from_file(arch, args.clocks))
+    if args.clock_model is not None:
+        check(args.sigma is not None, "--sigma", None, f"--clock-model {args.clock_model} needs a spread, e.g. 0.05")
+        mean = float(arch.boost_clock_ghz) if args.clock_ghz is None else args.clock_ghz
+        return freqmap.random_clocks(arch, args.clock_model, 0 if args.seed is None else args.seed, mean, args.sigma)
+    return clocks.uniform(arch, args.clock_ghz)
+
+
+def _per_gpc(arch: Arch, result, mhz: np.ndarray) -> tuple[dict, list[dict]]:
+    """Per enabled SM (%smid order): GPC, clock, CTAs and busy time; and the same summed up per
+    GPC (SMs, clock range, CTAs, CTAs per SM and busy time per SM: min, mean, max)."""
+    on = np.asarray(arch.sm_enabled)
+    gpc, f = np.asarray(arch.sm_gpc)[on], mhz[on].astype(np.float64)
+    ctas = np.asarray(result.sm_ctas)[on]
+    busy_ns = np.asarray(result.sm_busy_cycles)[on] * 1000.0 / f
+    per_sm = {"sm_gpc": gpc.tolist(), "sm_clock_mhz": f.tolist(), "ctas_per_sm": ctas.tolist(),
+              "sm_busy_ns": np.round(busy_ns, 3).tolist()}
+    rows = []
+    for g in np.unique(gpc):
+        m = gpc == g
+        rows.append({"gpc": int(g), "sms": int(m.sum()), "clock_mhz_min": float(f[m].min()),
+                     "clock_mhz_max": float(f[m].max()), "ctas": int(ctas[m].sum()),
+                     "ctas_per_sm_min": int(ctas[m].min()), "ctas_per_sm_max": int(ctas[m].max()),
+                     "busy_ns_min": round(float(busy_ns[m].min()), 3), "busy_ns_mean": round(float(busy_ns[m].mean()), 3),
+                     "busy_ns_max": round(float(busy_ns[m].max()), 3)})
+    return per_sm, rows
+
+
+def _span(low: float, high: float, fmt: str) -> str:
+    return format(low, fmt) if low == high else f"{format(low, fmt)}..{format(high, fmt)}"
+
+
 @_command
 def cmd_run(args: argparse.Namespace) -> int:
-    from . import clocks
+    from . import engine  # noqa: F401  (first: one CPU device per core, before any JAX work)
     from .engine.run import simulate
-    from .issue_bound import issue_demand, issue_ns
+    from .run_bounds import NAMES, bounds_ns
     from .workload import Workload
 
     arch = load_arch(args.arch)
     item = _load_run_input(args.kernel)
     is_workload = isinstance(item, Workload)
     kernels = item.kernels if is_workload else (item,)
-    clk = clocks.uniform(arch, args.clock_ghz)
+    clk = _run_clocks(args, arch)
     result = simulate(arch, item, clk, warp_policy=args.warp_policy, dispatch=args.dispatch,
                       dispatch_start=args.dispatch_start, fast_forward=not args.no_fast_forward)
     n = sum(int(k.grid_ctas) for k in kernels)
     name = Path(args.kernel).stem if is_workload else item.name
     enabled = np.asarray(arch.sm_enabled)
+    mhz = np.asarray(clk.sm_freq_mhz)
     stalls = np.asarray(result.sm_stalls).sum(axis=0)
     launches = [
         {"kernel": k.name, "stream": item.streams[l] if is_workload else 0, "ctas": int(k.grid_ctas),
@@ -172,23 +217,29 @@ def cmd_run(args: argparse.Namespace) -> int:
          "end_ns": round(float(result.kernel_end_ns[l]), 3)}
         for l, k in enumerate(kernels)
     ]
-    # One launch: how far the run is from its schedulers' issue capacity (docs/bounds.md section 7).
-    issue_bound = None if is_workload else float(issue_ns(issue_demand(result, arch, item), clk.sm_freq_mhz))
+    makespan = float(result.makespan_ns)
+    bounds = bounds_ns(result, arch, item, mhz)
+    binding = next(iter(bounds))  # the largest: the one the run is measured against
+    per_sm, gpcs = _per_gpc(arch, result, mhz)
     summary = {
         "arch": arch.name,
         "kernel": name,
         "mode": item.mode if is_workload else "stream",
         "warp_policy": args.warp_policy,
         "dispatch": args.dispatch,
-        "clock_ghz": float(clk.sm_freq_mhz.max()) / 1000.0,
-        "makespan_ns": float(result.makespan_ns),
+        "clock_ghz": float(mhz.max()) / 1000.0,
+        "makespan_ns": makespan,
         "makespan_cycles": float(result.makespan_cycles),
         "makespan_ticks": int(result.makespan_ticks),
         "ticks_stepped": int(result.ticks_stepped),
-        "issue_bound_ns": issue_bound,
+        "issue_bound_ns": bounds["issue_slots"],
+        "bounds_ns": bounds,
+        "binding_bound": binding,
+        "above_binding_percent": round(100 * (makespan / bounds[binding] - 1), 3),
         "ctas": n,
         "launches": launches,
-        "ctas_per_sm": np.asarray(result.sm_ctas)[enabled].tolist(),
+        **per_sm,
+        "gpcs": gpcs,
         "issued_instructions": int(np.sum(result.sm_issued)),
         "ipc_per_sm_mean": float(np.mean(result.ipc[enabled])),
         "achieved_occupancy_mean": float(np.mean(result.achieved_occupancy[enabled])),
@@ -206,20 +257,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         print()
         return 0
     counts = np.asarray(summary["ctas_per_sm"])
+    on_mhz = mhz[enabled]
     what = f"workload {name} ({len(kernels)} launches, {item.mode} mode)" if is_workload else name
-    print(f"{what} on {arch.name} ({arch.sm_count} SMs at {summary['clock_ghz']:.3f} GHz), "
-          f"warp policy {args.warp_policy}, dispatch {args.dispatch}")
-    print(f"  makespan          : {summary['makespan_ns']:.1f} ns = {summary['makespan_cycles']:.0f} "
+    print(f"{what} on {arch.name} ({arch.sm_count} SMs at {_span(on_mhz.min() / 1000, on_mhz.max() / 1000, '.3f')} "
+          f"GHz), warp policy {args.warp_policy}, dispatch {args.dispatch}")
+    print(f"  makespan          : {makespan:.1f} ns = {summary['makespan_cycles']:.0f} "
           f"cycles at {float(arch.boost_clock_ghz):.3f} GHz")
     if is_workload:
         print("  launches          : ready / first CTA / end, ns from the host's first call")
         for l, row in enumerate(launches):
             print(f"    {l:3d} stream {row['stream']:<3d} {row['kernel'][:24]:24s} {row['ctas']:6d} CTAs  "
                   f"{row['ready_ns']:12.1f} {row['start_ns']:12.1f} {row['end_ns']:12.1f}")
-    if issue_bound is not None:
-        above = 100 * (summary["makespan_ns"] / issue_bound - 1)
-        print(f"  issue-slot bound  : {issue_bound:.1f} ns, makespan {above:+.1f}% (issue cycles and launch credit)")
+    others = ", ".join(f"{NAMES[k]} {v:.1f} ns" for k, v in bounds.items() if k != binding)
+    print(f"  bound             : {NAMES[binding]}, {bounds[binding]:.1f} ns; makespan "
+          f"{summary['above_binding_percent']:+.1f}% above it" + (f" (also {others})" if others else ""))
     print(f"  CTAs              : {n}, per SM {counts.min()}..{counts.max()}")
+    print("  per GPC           : SMs, clock MHz, CTAs per SM, busy ns per SM (min..max)")
+    for row in gpcs:
+        print(f"    GPC {row['gpc']:<3d}: {row['sms']:3d} SMs  {_span(row['clock_mhz_min'], row['clock_mhz_max'], '.0f'):>10s} MHz  "
+              f"{_span(row['ctas_per_sm_min'], row['ctas_per_sm_max'], 'd'):>7s} CTAs  "
+              f"{_span(row['busy_ns_min'], row['busy_ns_max'], '.1f'):>17s} ns busy")
     print(f"  instructions      : {summary['issued_instructions']}, IPC/SM {summary['ipc_per_sm_mean']:.2f}, "
           f"achieved occupancy {100 * summary['achieved_occupancy_mean']:.1f}%, "
           f"SIMT efficiency {100 * summary['simt_efficiency']:.1f}%")
@@ -417,7 +474,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("kernel", help="kernel TOML file (see sweeps/kernels/) or workload TOML file "
                    "(a [workload] table: streams, events, graphs; see examples/workloads/)")
     p.add_argument("--arch", default="h200", help="preset name or arch TOML path")
-    p.add_argument("--clock-ghz", type=float, default=None, help="uniform SM clock (default: boost)")
+    p.add_argument("--clock-ghz", type=float, default=None,
+                   help="every SM's clock, or the mean clock of --clock-model (default: the boost clock)")
+    g = p.add_argument_group("unequal per-SM clocks")
+    g.add_argument("--clocks", metavar="FILE", default=None,
+                   help="a clock map in MHz: .npy, .csv (numbers separated by commas or lines) or .toml "
+                   "(sm_freq_mhz = [...]); one value per enabled SM in %%smid order (132 on the H200), or one "
+                   "per SM slot of the die (144: the enabled SMs first, the floorswept slots' values ignored)")
+    g.add_argument("--clock-model", metavar="MODEL", default=None,
+                   help="a random chip around --clock-ghz: gaussian (independent per SM) or variation "
+                   "(spatially correlated within-die variation, binned to the clock step), capped at boost")
+    g.add_argument("--sigma", type=float, default=None, help="relative spread of --clock-model (0.05 = 5 %%)")
+    g.add_argument("--seed", type=int, default=None, help="which random chip of --clock-model (default 0)")
     p.add_argument("--warp-policy", default="gto", choices=WARP_POLICIES)
     p.add_argument("--dispatch", default="hardware", choices=DISPATCH_POLICIES)
     p.add_argument("--dispatch-start", type=int, default=0, help="rotation of the hardware SM order")
