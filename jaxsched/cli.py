@@ -414,21 +414,30 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from . import plot
 
     path = Path(args.dataset)
-    check(path.exists(), "dataset", str(path), "no such file or folder")
-    kind = args.kind or ("gantt" if path.suffix == ".json" else "makespan")
     folder = path if path.is_dir() and path.suffix != ".zarr" else path.parent
-    target = Path(args.output) if args.output else folder / f"{kind}.png"
-    if kind == "gantt":
-        check(path.suffix == ".json", "plot --kind gantt", str(path),
-              "needs a CTA trace: jaxsched run KERNEL --json > trace.json; jaxsched plot trace.json")
+
+    def target(kind: str) -> Path:
+        return Path(args.output) if args.output else folder / f"{kind}.png"
+
+    if plot.content(path) == "json":  # by what the file holds, not by its name
+        check(args.kind in (None, "gantt"), "plot --kind", args.kind, f"{path} is a run's CTA trace (JSON): it draws gantt")
         trace = plot.load_trace(path)
         arch = load_arch(trace["arch"]) if trace.get("arch") in presets.names() else None
-        print(f"wrote {plot.gantt(trace, arch, target)}")
+        print(f"wrote {plot.gantt(trace, arch, target('gantt'))}")
         return 0
-    check(path.suffix != ".json", "plot", str(path), f"--kind {kind} needs a sweep result (folder, .zarr or .nc)")
     from . import sweep
 
     ds = sweep.open_result(path, partial=True)
+    if "makespan_ns" not in ds and "cta_sm" in ds:  # a CTA trace (jaxsched.trace: probe or simulator)
+        from . import trace
+
+        check(args.kind in (None, "gantt"), "plot --kind", args.kind, f"{path} is a CTA trace: it draws gantt")
+        print(f"wrote {plot.gantt(plot.trace_dict(trace.load(path)), None, target('gantt'))}")
+        return 0
+    kind = args.kind or "makespan"
+    check(kind != "gantt", "plot --kind gantt", str(path),
+          "needs a CTA trace: jaxsched run KERNEL --json > trace.json; jaxsched plot trace.json")
+    check("makespan_ns" in ds, "dataset", str(path), "not a jaxsched sweep result (no makespan_ns)")
     if "done" in ds:
         done = ds["done"].values
         if not done.all():
@@ -438,11 +447,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
     sel = _parse_sel(ds, args.sel)
     if kind == "makespan":
         check(not sel, "--sel", args.sel, "not used by --kind makespan (every dimension is shown)")
-        written = plot.makespan(ds, target, x=args.x)
+        written = plot.makespan(ds, target(kind), x=args.x)
     elif kind == "floorplan":
-        written = plot.floorplan(ds, target, var=args.var or "sm_utilisation", sel=sel)
+        written = plot.floorplan(ds, target(kind), var=args.var or "sm_utilisation", sel=sel)
     else:
-        written = plot.stalls(ds, target, x=args.x, sel=sel)
+        written = plot.stalls(ds, target(kind), x=args.x, sel=sel)
     print(f"wrote {written}")
     return 0
 
@@ -515,11 +524,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="sweep output folder, sweep.zarr or sweep.nc")
 
     p = sub.add_parser("plot", help="figures from a sweep result or a run trace")
-    p.add_argument("dataset", help="sweep output folder, sweep.zarr, sweep.nc, or the JSON of "
-                   "`jaxsched run --json` (for --kind gantt)")
+    p.add_argument("dataset", help="sweep output folder, sweep.zarr, sweep.nc, a CTA trace (.nc), or the JSON "
+                   "of `jaxsched run --json` (for --kind gantt); recognised by content, whatever the name")
     p.add_argument("--kind", choices=("makespan", "floorplan", "stalls", "gantt"), default=None,
-                   help="makespan vs a swept value (default), per-SM floorplan, stall breakdown, "
-                   "CTA Gantt chart (default for .json)")
+                   help="makespan vs a swept value (default for a sweep), per-SM floorplan, stall breakdown, "
+                   "CTA Gantt chart (default for a trace)")
     p.add_argument("-o", "--output", default=None, help="PNG or SVG path (default: KIND.png next to the data)")
     p.add_argument("--x", default=None, help="swept dimension on the x axis (makespan, stalls)")
     p.add_argument("--sel", action="append", metavar="DIM=VALUE",
