@@ -4,18 +4,24 @@ skips XLA's compilation (most of a first run's 20 s on a 2-core CPU) and the eng
 Two stores in one folder, `default_folder()`: `$JAXSCHED_CACHE_DIR`, else
 `$XDG_CACHE_HOME/jaxsched`, else `~/.cache/jaxsched` (`JAXSCHED_CACHE_DIR=off`: no cache):
 
-- `xla/`: JAX's persistent compilation cache, for every jitted function. JAX keys an entry by
-  the lowered program, so tracing and lowering still run (about 2 s of the engine's).
-- `engine/`: the engine's executables (`stored`), each keyed by everything the traced program
-  follows from: jaxsched's source, the versions of Python, JAX, jaxlib, equinox and numpy, the
-  devices, `XLA_FLAGS`, JAX's and equinox's configuration, the static arguments and the tree,
-  shapes and dtypes of the arguments. A hit loads the executable and runs it without tracing.
-  An entry that cannot be read or run is compiled anew; the least recently used entries beyond
-  `ENGINE_ENTRIES` are removed.
+- `xla/`: JAX's persistent compilation cache, for every jitted function: its executables, keyed
+  by JAX on the lowered program.
+- `engine/`: the engine's traced and lowered programs (`stored`: `jax.export`, StableHLO), each
+  keyed by everything the traced program follows from: jaxsched's source, the versions of
+  Python, JAX, jaxlib, equinox and numpy, the devices, `XLA_FLAGS`, JAX's and equinox's
+  configuration, the static arguments and the tree, shapes and dtypes of the arguments. A hit
+  skips tracing and lowering (about 2 s of the engine's on the 2-core CPU), and JAX's cache
+  then has its executable. An entry that cannot be read is made anew; the least recently used
+  entries beyond `ENGINE_ENTRIES` are removed.
+
+The engine stores programs, not executables: executables written by
+`jax.experimental.serialize_executable` failed to run on the CPU when loaded into a process that
+had loaded others from JAX's cache ("Function iota_convert_fusion not found"), while JAX's own
+cache loads them reliably (benchmarks/RESULTS.md, "Command-line start-up").
 
 The command line turns both on (`--no-compile-cache` turns them off); from Python, `enable()`.
-Entries are pickles, loaded as trusted as the folder (like JAX's own cache). Deleting the folder
-is always safe.
+Entries are read as trusted as the folder (like JAX's own cache). Deleting the folder is always
+safe.
 """
 
 from __future__ import annotations
@@ -31,10 +37,10 @@ from typing import Any, Callable
 from .errors import JaxschedError, is_traced
 
 ENV = "JAXSCHED_CACHE_DIR"
-ENGINE_ENTRIES = 64  # executables kept: a few MB each (benchmarks/RESULTS.md, "Command-line start-up")
+ENGINE_ENTRIES = 64  # programs kept: about 150 kB each
 
 _engine_folder: Path | None = None  # where `stored` keeps executables; None: off
-_loaded: dict[str, Any] = {}  # key -> executable, in this process
+_loaded: dict[str, tuple[Callable, Any]] = {}  # key -> (jitted exported program, output tree), in this process
 
 
 def default_folder() -> Path | None:
@@ -69,35 +75,63 @@ def enable(folder: str | os.PathLike | None = None) -> Path:
 
 
 def stored(fn: Callable) -> Callable:
-    """`fn`, a `jax.jit` function called with static arguments by keyword, its executables kept
-    in the engine store while `enable` is in force (and its arguments are not traced)."""
+    """`fn`, a `jax.jit` function called with static arguments by keyword, its traced programs
+    kept in the engine store while `enable` is in force (and its arguments are not traced). A
+    program sharded over several devices runs on the mesh of its static argument `mesh`."""
 
     @functools.wraps(fn)
     def call(*args: Any, **static: Any) -> Any:
         import jax
 
-        if _engine_folder is None or any(is_traced(x) for x in jax.tree.leaves(args)):
+        leaves, in_tree = jax.tree.flatten(args)
+        if _engine_folder is None or any(is_traced(x) for x in leaves):
             return fn(*args, **static)
         key = _key(fn, args, static)
-        if key in _loaded:
-            return _loaded[key](*args)
-        compiled = _read(key)
-        if compiled is not None:
-            try:  # an entry that loads but does not run is compiled anew, like one that does not load
-                out = jax.block_until_ready(compiled(*args))
-                _loaded[key] = compiled
-                return out
-            except jax.errors.JaxRuntimeError:
-                pass
-        lowered = fn.lower(*args, **static)
-        compiled = lowered.compile()
-        # a host callback (jax.debug.print, equinox.error_if) does not survive serialisation
-        if not lowered._lowering.compile_args.get("host_callbacks"):
-            _write(key, compiled)
-        _loaded[key] = compiled
-        return compiled(*args)
+        if key not in _loaded:
+            entry = _read(key)
+            if entry is None:
+                entry = _export(fn, in_tree, leaves, static)
+                if entry is None:  # not exportable: run it as it is
+                    return fn(*args, **static)
+                _write(key, entry)
+            exported, out_tree = entry
+            _loaded[key] = jax.jit(exported.call, **_shardings(exported, static.get("mesh"))), out_tree
+        program, out_tree = _loaded[key]
+        return jax.tree.unflatten(out_tree, program(*leaves))
 
     return call
+
+
+def _shardings(exported: Any, mesh: Any) -> dict:
+    """`jax.jit`'s shardings for a program exported for several devices: its own, on `mesh`,
+    where it gave some, else replicated (the engine shards inside, with `shard_map`)."""
+    if exported.nr_devices == 1:
+        return {}
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    def on_mesh(shardings: tuple) -> tuple:
+        return tuple(NamedSharding(mesh, PartitionSpec()) if s is None else s for s in shardings)
+
+    return dict(in_shardings=on_mesh(exported.in_shardings_jax(mesh)), out_shardings=on_mesh(exported.out_shardings_jax(mesh)))
+
+
+def _export(fn: Callable, in_tree: Any, leaves: list, static: dict) -> tuple[Any, Any] | None:
+    """`fn` traced and lowered for these arguments (`jax.export`, on their flat leaves: an
+    exported program's trees must be serialisable, equinox modules are not), and its output
+    tree; None where it cannot be exported (a host callback, an unsupported custom call)."""
+    import jax
+
+    trees = {}
+
+    def flat(*xs: Any) -> tuple:
+        out, trees["out"] = jax.tree.flatten(fn(*jax.tree.unflatten(in_tree, xs), **static))
+        return tuple(out)
+
+    try:
+        exported = jax.export.export(jax.jit(flat))(*leaves)
+    except (ValueError, NotImplementedError):
+        return None
+    return exported, trees["out"]
 
 
 @functools.cache
@@ -139,72 +173,37 @@ def _key(fn: Callable, args: tuple, static: dict) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:40]
 
 
-def _read(key: str) -> Any:
-    """The stored executable of `key`, or None (absent, or unreadable: compiled anew)."""
+def _read(key: str) -> tuple[Any, Any] | None:
+    """The stored program of `key` and its output tree, or None (absent, or unreadable: made
+    anew)."""
     import jax
-    from jax.experimental import serialize_executable
 
-    path = _engine_folder / f"{key}.exe"
+    path = _engine_folder / f"{key}.exp"
     try:
-        payload, args_skeleton, out_skeleton, device_ids = pickle.loads(path.read_bytes())
-        by_id = {d.id: d for d in jax.devices()}
-        compiled = serialize_executable.deserialize_and_load(
-            payload, jax.tree.structure(args_skeleton), jax.tree.structure(out_skeleton),
-            execution_devices=[by_id[i] for i in device_ids])
+        serialized, out_skeleton = pickle.loads(path.read_bytes())
+        exported = jax.export.deserialize(bytearray(serialized))
         os.utime(path)  # recently used: kept by `_write`'s pruning
-    except Exception:  # noqa: BLE001  (a missing, partial or stale file: compile instead)
+    except Exception:  # noqa: BLE001  (a missing, partial or stale file: export anew)
         return None
-    return compiled
+    return exported, jax.tree.structure(out_skeleton)
 
 
-def _serialize(compiled: Any) -> tuple[bytes, Any, Any]:
-    """`jax.experimental.serialize_executable.serialize`, but with the XLA executable written as
-    JAX's own persistent cache writes it (`LoadedExecutable.serialize`). Written through
-    `Client.serialize_executable`, as `serialize` does, a CPU executable loaded in a process
-    that has loaded others from JAX's cache fails to find its kernels ("Function
-    broadcast_multiply_fusion.1 not found") when it runs."""
-    import io
-
-    import jax
-    from jax._src.lib import xla_client
-    from jax.experimental import serialize_executable
-
-    class Pickler(serialize_executable._JaxPjrtPickler):
-        def persistent_id(self, obj: Any) -> Any:
-            if isinstance(obj, xla_client.LoadedExecutable):
-                return "exec", obj.serialize()
-            return super().persistent_id(obj)
-
-    if compiled._params.const_args:
-        raise NotImplementedError("an executable with constant arguments")
-    args_info_flat, in_tree = jax.tree.flatten(compiled.args_info)
-    with io.BytesIO() as file:
-        Pickler(file).dump((compiled._executable._unloaded_executable, args_info_flat, compiled._no_kwargs))
-        return file.getvalue(), in_tree, compiled.out_tree
-
-
-def _write(key: str, compiled: Any) -> None:
-    """Store `compiled` under `key` (atomically: a killed write leaves no partial entry), then
+def _write(key: str, entry: tuple[Any, Any]) -> None:
+    """Store a program under `key` (atomically: a killed write leaves no partial entry), then
     drop the least recently used entries beyond `ENGINE_ENTRIES`. A cache that cannot be
     written is skipped."""
     import jax
 
-    try:
-        payload, in_tree, out_tree = _serialize(compiled)
-        # trees are stored as skeletons (their leaves zeros): a pickled PyTreeDef of equinox
-        # modules does not unflatten again
-        skeletons = (jax.tree.unflatten(in_tree, [0] * in_tree.num_leaves),
-                     jax.tree.unflatten(out_tree, [0] * out_tree.num_leaves))
-        device_ids = [d.id for d in compiled.runtime_executable().local_devices()]  # in the executable's order
-        data = pickle.dumps((payload, *skeletons, device_ids))
-    except (ValueError, NotImplementedError, TypeError, AttributeError, pickle.PicklingError):
-        return  # this executable cannot be serialised
-    path = _engine_folder / f"{key}.exe"
+    exported, out_tree = entry
+    # the output tree as a skeleton (its leaves zeros): a pickled PyTreeDef of equinox modules
+    # does not unflatten again
+    data = pickle.dumps((bytes(exported.serialize()), jax.tree.unflatten(out_tree, [0] * out_tree.num_leaves)))
+    path = _engine_folder / f"{key}.exp"
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     try:
         tmp.write_bytes(data)
         os.replace(tmp, path)
-        entries = sorted(_engine_folder.glob("*.exe"), key=lambda p: p.stat().st_mtime, reverse=True)
+        entries = sorted(_engine_folder.glob("*.exp"), key=lambda p: p.stat().st_mtime, reverse=True)
         for old in entries[ENGINE_ENTRIES:]:
             old.unlink(missing_ok=True)
     except OSError:
