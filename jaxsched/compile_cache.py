@@ -77,12 +77,25 @@ def enable(folder: str | os.PathLike | None = None) -> Path:
 def stored(fn: Callable) -> Callable:
     """`fn`, a `jax.jit` function called with static arguments by keyword, its traced programs
     kept in the engine store while `enable` is in force (and its arguments are not traced). A
-    program sharded over several devices runs on the mesh of its static argument `mesh`."""
+    program sharded over several devices runs on the mesh of its static argument `mesh`. The
+    jitted function's own attributes (`lower`, `_cache_size`) are the result's."""
+    return _Stored(fn)
 
-    @functools.wraps(fn)
-    def call(*args: Any, **static: Any) -> Any:
+
+class _Stored:
+    """`stored(fn)`."""
+
+    def __init__(self, fn: Callable) -> None:
+        self._fn = fn
+        functools.update_wrapper(self, fn)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fn, name)
+
+    def __call__(self, *args: Any, **static: Any) -> Any:
         import jax
 
+        fn = self._fn
         leaves, in_tree = jax.tree.flatten(args)
         if _engine_folder is None or any(is_traced(x) for x in leaves):
             return fn(*args, **static)
@@ -98,8 +111,6 @@ def stored(fn: Callable) -> Callable:
             _loaded[key] = jax.jit(exported.call, **_shardings(exported, static.get("mesh"))), out_tree
         program, out_tree = _loaded[key]
         return jax.tree.unflatten(out_tree, program(*leaves))
-
-    return call
 
 
 def _shardings(exported: Any, mesh: Any) -> dict:
