@@ -193,8 +193,7 @@ def _span(low: float, high: float, fmt: str) -> str:
 
 @_command
 def cmd_run(args: argparse.Namespace) -> int:
-    from . import engine  # noqa: F401  (first: one CPU device per core, before any JAX work)
-    from .engine.run import simulate
+    from .engine.run import simulate  # first: the engine's import sets one CPU device per core
     from .run_bounds import NAMES, bounds_ns
     from .workload import Workload
 

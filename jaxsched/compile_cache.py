@@ -39,7 +39,7 @@ from .errors import JaxschedError, is_traced
 ENV = "JAXSCHED_CACHE_DIR"
 ENGINE_ENTRIES = 64  # programs kept: about 150 kB each
 
-_engine_folder: Path | None = None  # where `stored` keeps executables; None: off
+_engine_folder: Path | None = None  # where `stored` keeps programs; None: off
 _loaded: dict[str, tuple[Callable, Any]] = {}  # key -> (jitted exported program, output tree), in this process
 
 
@@ -66,8 +66,8 @@ def enable(folder: str | os.PathLike | None = None) -> Path:
     except OSError as exc:
         raise JaxschedError("compile cache", str(root), f"cannot be created ({exc.strerror})") from None
     jax.config.update("jax_compilation_cache_dir", str(root / "xla"))
-    # every compiled function, not only those that take a second: the engine's small helpers
-    # compile in 10-100 ms each and load from the cache in about 1 ms
+    # every jitted function, not only those that take a second to compile (JAX's default): the
+    # small programs of clock maps and bounds add up in a run that takes a few seconds
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     global _engine_folder
     _engine_folder = root / "engine"
@@ -164,6 +164,8 @@ def _static_text(value: Any) -> str:
 
 
 def _key(fn: Callable, args: tuple, static: dict) -> str:
+    """The store's name for `fn` traced for these arguments: a hash of everything its traced
+    program follows from (module docstring)."""
     import equinox
     import jax
     import jaxlib
