@@ -12,21 +12,41 @@ Several kernels on streams, with events, or as one CUDA graph:
     result = js.simulate(arch, workload)  # result.kernel_start_ns, kernel_end_ns, ...
 """
 
-from .engine.devices import use_host_cores
+from __future__ import annotations
 
-use_host_cores()  # before anything starts JAX's backends: one CPU device per core
+import importlib
 
-from . import bounds, clocks, dvfs, freqmap, presets, workload
-from .arch import Arch, make_arch
+from . import presets
 from .archio import load as load_arch
-from .clocks import Clocks
-from .engine.run import Result, simulate, simulate_batch, stack
 from .errors import JaxschedError
 from .isa import Op
-from .kernel import Kernel, load_kernel, make_kernel, resident_grid
-from .lower import DISPATCH_POLICIES, WARP_POLICIES
 from .occupancy import Occupancy, max_active_blocks, occupancy
-from .workload import Workload, load_workload, make_workload
+from .policies import DISPATCH_POLICIES, WARP_POLICIES
+
+# Imported on first use (PEP 562): these need JAX, and `import jaxsched` does not start it, so
+# that the command line's `arch`, `occupancy` and `--help` answer in a fraction of a second.
+_LAZY = {
+    "Arch": "arch", "make_arch": "arch", "Clocks": "clocks",
+    "Result": "engine.run", "simulate": "engine.run", "simulate_batch": "engine.run", "stack": "engine.run",
+    "Kernel": "kernel", "load_kernel": "kernel", "make_kernel": "kernel", "resident_grid": "kernel",
+    "Workload": "workload", "load_workload": "workload", "make_workload": "workload",
+}
+_LAZY_MODULES = ("bounds", "clocks", "dvfs", "freqmap", "workload")
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY or name in _LAZY_MODULES:
+        importlib.import_module(".engine", __name__)  # first: one CPU device per core (engine/devices.py)
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    if name in _LAZY_MODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __version__ = "0.1.0"
 

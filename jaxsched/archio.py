@@ -15,27 +15,36 @@ Schema (every section optional when `base` names a preset to start from):
     gpc_rows = 2
 
     [sm]                              # ... or explicit per-SM-slot arrays (what `save` writes)
-    enabled = [true, ...]; gpc = [...]; tpc = [...]; x_mm = [...]; y_mm = [...]
-    dispatch_order = [...]; die_mm = [33.0, 24.7]
+    enabled = "0-131"                 # the enabled slots (%smid): ranges "0-63,66-67", a list
+                                      # of slot numbers [0, 1, ...] or one boolean per slot
+    gpc = [...]; tpc = [...]; x_mm = [...]; y_mm = [...]; dispatch_order = [...]; die_mm = [33.0, 24.7]
 
     [limits]   max_threads_per_sm = 2048 ... smem_carveout_kib = [0, 8, ...]
     [pipes]    issue_width = 1, latency_cycles = {fma = 4, ...}, issue_cycles = {fma = 1, ...}
     [memory]   l2_hit_latency_ns = 120.0 ...
     [clocks]   base_clock_ghz = 1.59 ...
+
+`save` writes every number as given where it was defined: a float32 field by the shortest
+decimal that reads back as the same float32 (1.59, not 1.590000033378601), so `load(save(arch))`
+is `arch`, field by field.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import re
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from . import presets, tomldoc
-from .arch import Arch, make_arch
+from .archvalues import FIELDS, ArchValues
 from .errors import JaxschedError, check
 from .hierarchy import build_hierarchy
 from .isa import OP_NAMES
+
+if TYPE_CHECKING:
+    from .arch import Arch
 
 _TOP = ("name", "compute_capability", "schedulers_per_sm", "warp_size")
 _SECTIONS = {
@@ -59,12 +68,12 @@ _HIERARCHY_KEYS = ("gpc_tpcs_full", "gpc_tpcs_enabled", "die_mm", "gpc_rows")
 _PER_OP = ("latency_cycles", "issue_cycles")
 
 
-def to_dict(arch: Arch) -> dict:
+def to_dict(arch: Arch | ArchValues) -> dict:
     """The TOML document of `arch` as a plain dict (explicit per-SM arrays)."""
     doc: dict = {key: _plain(getattr(arch, key)) for key in _TOP}
     xy = np.asarray(arch.sm_xy_mm)
     doc["sm"] = {
-        "enabled": _plain(arch.sm_enabled),
+        "enabled": slot_ranges(np.asarray(arch.sm_enabled)),
         "gpc": _plain(arch.sm_gpc),
         "tpc": _plain(arch.sm_tpc),
         "x_mm": _plain(xy[:, 0]),
@@ -84,11 +93,11 @@ def to_dict(arch: Arch) -> dict:
     return doc
 
 
-def dumps(arch: Arch) -> str:
+def dumps(arch: Arch | ArchValues) -> str:
     """TOML text of `arch`."""
-    import tomli_w  # only writing needs it
-
-    return tomli_w.dumps(to_dict(arch))
+    return tomldoc.dumps(to_dict(arch), header=(
+        f"{arch.name}: jaxsched's architecture description (docs/model.md). Edit it and pass the file as --arch.\n"
+        "[sm] has one entry per SM slot of the die, in %smid order: the enabled SMs first, then the floorswept slots."))
 
 
 def save(arch: Arch, path: str | Path) -> None:
@@ -106,16 +115,28 @@ def load(path: str | Path) -> Arch:
     return from_dict(tomldoc.read(path, "arch file"), str(path))
 
 
+def load_values(path: str | Path) -> ArchValues:
+    """Read an architecture from a TOML file as numpy values, without JAX (`ArchValues`)."""
+    return _build(ArchValues, fields_from_dict(tomldoc.read(path, "arch file"), str(path)), str(path))
+
+
 def from_dict(doc: dict, source: str = "<dict>") -> Arch:
     """Build an `Arch` from a parsed TOML document (see module docstring for the schema)."""
+    from .arch import make_arch  # imports JAX; `load_values` reads a file without it
+
+    return _build(make_arch, fields_from_dict(doc, source), source)
+
+
+def fields_from_dict(doc: dict, source: str = "<dict>") -> dict:
+    """The architecture fields a parsed TOML document describes, as plain values (every field,
+    from `base` where the document leaves it out)."""
     doc = dict(doc)
     base_name = doc.pop("base", None)
     fields: dict = {}
     if base_name is not None:
         check(str(base_name).lower() in presets.names(), f"{source}: base", base_name,
               f"unknown preset; known presets: {', '.join(presets.names())}")
-        base = presets.get(str(base_name))
-        fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
+        fields = presets.fields(str(base_name))
     known = set(_TOP) | set(_SECTIONS) | {"sm", "hierarchy"}
     for key in doc:
         check(key in known, f"{source}: {key}", doc[key], f"unknown key; expected one of {sorted(known)}")
@@ -141,10 +162,15 @@ def from_dict(doc: dict, source: str = "<dict>") -> Arch:
             if key in _PER_OP:
                 value = _per_op(value, f"{source}: {section}.{key}")
             fields[key] = value
-    missing = [f.name for f in dataclasses.fields(Arch) if f.name not in fields]
+    missing = [f for f in FIELDS if f not in fields]
     check(not missing, f"{source}", f"missing {missing}", "every field is required unless `base` names a preset")
+    return fields
+
+
+def _build(make: Callable[..., Arch | ArchValues], fields: dict, source: str) -> Arch | ArchValues:
+    """`make(**fields)`, its errors named after `source`."""
     try:
-        return make_arch(**fields)
+        return make(**fields)
     except (TypeError, ValueError, OverflowError) as exc:
         if isinstance(exc, JaxschedError):
             raise JaxschedError(f"{source}: {exc.field}", exc.value, exc.limit) from None
@@ -169,7 +195,7 @@ def _sm(table: dict, source: str) -> dict:
     for key in table:
         check(key in _SM_KEYS, f"{source}: sm.{key}", table[key], f"expected one of {_SM_KEYS}")
     return dict(
-        sm_enabled=table["enabled"],
+        sm_enabled=_enabled(table["enabled"], len(table["gpc"]), f"{source}: sm.enabled"),
         sm_gpc=table["gpc"],
         sm_tpc=table["tpc"],
         sm_xy_mm=np.stack([table["x_mm"], table["y_mm"]], axis=-1),
@@ -188,10 +214,46 @@ def _per_op(value: object, field: str) -> list:
     return [value[op] for op in OP_NAMES]
 
 
+def slot_ranges(enabled: np.ndarray) -> str:
+    """The enabled SM slots as ranges of `%smid`: "0-131", "0-3,6-7"."""
+    slots = np.flatnonzero(enabled)
+    runs = np.split(slots, np.flatnonzero(np.diff(slots) != 1) + 1) if slots.size else []
+    return ",".join(f"{r[0]}" if r.size == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
+def _enabled(value: object, n_slots: int, field: str) -> list[bool]:
+    """`[sm] enabled` in any of its forms as one boolean per slot: ranges ("0-131,140"), slot
+    numbers ([0, 1, 2]) or booleans ([true, true, false])."""
+    if isinstance(value, list) and value and all(isinstance(v, bool) for v in value):
+        return value
+    limit = f"the enabled SM slots: ranges like \"0-131\", a list of slot numbers, or one boolean per slot ({n_slots})"
+    if isinstance(value, str):
+        slots = []
+        for part in value.replace(" ", "").split(","):
+            m = re.fullmatch(r"(\d+)(?:-(\d+))?", part)
+            check(m is not None, field, value, limit)
+            low, high = int(m[1]), int(m[2] or m[1])
+            check(low <= high, field, value, limit)
+            slots += range(low, high + 1)
+    else:
+        check(isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value),
+              field, value, limit)
+        slots = value
+    check(all(0 <= s < n_slots for s in slots), field, value, f"slot numbers in 0 .. {n_slots - 1}")
+    mask = [False] * n_slots
+    for s in slots:
+        mask[s] = True
+    return mask
+
+
 def _plain(value: object) -> object:
-    """numpy scalars/arrays -> Python scalars/lists that TOML can hold."""
+    """numpy scalars/arrays -> Python scalars/lists that TOML can hold; float32 values as the
+    shortest decimals that read back as the same float32."""
     if isinstance(value, tuple):
         return list(value)
     if isinstance(value, (np.ndarray, np.generic)):
-        return np.asarray(value).tolist()
+        a = np.asarray(value)
+        if a.dtype == np.float32:  # str(np.float32) is the shortest round-trip decimal
+            return np.array([float(str(v)) for v in a.ravel()], dtype=object).reshape(a.shape).tolist()
+        return a.tolist()
     return value

@@ -9,14 +9,21 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import archio, clocks, fit_cli, presets, probe_cli, tomldoc
-from .arch import Arch
+from . import archio, compile_cache, fit_cli, presets, probe_cli, tomldoc
+from .archvalues import ArchValues
 from .errors import INT32_MAX, JaxschedError, check, os_error
-from .lower import DISPATCH_POLICIES, WARP_POLICIES
 from .occupancy import CARVEOUT_DEFAULT, NO_LIMIT, occupancy
+from .policies import DISPATCH_POLICIES, WARP_POLICIES
+
+if TYPE_CHECKING:
+    from .arch import Arch
+
+# Commands import JAX (and the engine) only where they need it: `arch`, `occupancy` and `--help`
+# answer without starting it (benchmarks/RESULTS.md, "Command-line start-up").
 
 _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
@@ -26,16 +33,23 @@ def _command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Name
     return fn
 
 
+def _is_arch_file(spec: str) -> bool:
+    return spec.endswith(".toml") or Path(spec).is_file()
+
+
 def load_arch(spec: str) -> Arch:
     """A preset name or the path of an arch TOML file."""
-    if spec.endswith(".toml") or Path(spec).is_file():
-        return archio.load(spec)
-    return presets.get(spec)
+    return archio.load(spec) if _is_arch_file(spec) else presets.get(spec)
+
+
+def arch_values(spec: str) -> ArchValues:
+    """`load_arch`'s architecture as numpy values, without JAX."""
+    return archio.load_values(spec) if _is_arch_file(spec) else presets.values(spec)
 
 
 @_command
 def cmd_arch(args: argparse.Namespace) -> int:
-    arch = load_arch(args.name)
+    arch = arch_values(args.name)
     if args.toml:
         sys.stdout.write(archio.dumps(arch))
         return 0
@@ -61,7 +75,7 @@ def _limit_str(value: int) -> str:
 
 @_command
 def cmd_occupancy(args: argparse.Namespace) -> int:
-    arch = load_arch(args.arch)
+    arch = arch_values(args.arch)
     occ = occupancy(arch, args.threads, args.regs, args.smem, args.static_smem,
                     carveout_percent=args.carveout, block_barriers=args.barriers)
     sizes = np.arange(32, int(arch.max_threads_per_block) + 1, 32)
@@ -133,22 +147,67 @@ def _load_run_input(path: str):
     return kernel_from_dict(doc, str(path))
 
 
+def _run_clocks(args: argparse.Namespace, arch: Arch):
+    """The run's per-SM clocks: every SM at --clock-ghz (default boost), a map from --clocks, or
+    a random chip from --clock-model (mean --clock-ghz, spread --sigma, chip --seed)."""
+    from . import clocks, freqmap
+
+    check(args.clocks is None or args.clock_model is None, "--clocks", args.clocks,
+          "give a clock map or --clock-model, not both")
+    if args.clock_model is None:
+        for flag, value in (("--sigma", args.sigma), ("--seed", args.seed)):
+            check(value is None, flag, value, "used only with --clock-model")
+    if args.clocks is not None:
+        check(args.clock_ghz is None, "--clock-ghz", args.clock_ghz, "not with --clocks (the map has every clock)")
+        return freqmap.to_clocks(arch, freqmap.from_file(arch, args.clocks))
+    if args.clock_model is not None:
+        check(args.sigma is not None, "--sigma", None, f"--clock-model {args.clock_model} needs a spread, e.g. 0.05")
+        mean = float(arch.boost_clock_ghz) if args.clock_ghz is None else args.clock_ghz
+        return freqmap.random_clocks(arch, args.clock_model, 0 if args.seed is None else args.seed, mean, args.sigma)
+    return clocks.uniform(arch, args.clock_ghz)
+
+
+def _per_gpc(arch: Arch, result, mhz: np.ndarray) -> tuple[dict, list[dict]]:
+    """Per enabled SM (%smid order): GPC, clock, CTAs and busy time; and the same summed up per
+    GPC (SMs, clock range, CTAs, CTAs per SM and busy time per SM: min, mean, max)."""
+    on = np.asarray(arch.sm_enabled)
+    gpc, f = np.asarray(arch.sm_gpc)[on], mhz[on].astype(np.float64)
+    ctas = np.asarray(result.sm_ctas)[on]
+    busy_ns = np.asarray(result.sm_busy_cycles)[on] * 1000.0 / f
+    per_sm = {"sm_gpc": gpc.tolist(), "sm_clock_mhz": f.tolist(), "ctas_per_sm": ctas.tolist(),
+              "sm_busy_ns": np.round(busy_ns, 3).tolist()}
+    rows = []
+    for g in np.unique(gpc):
+        m = gpc == g
+        rows.append({"gpc": int(g), "sms": int(m.sum()), "clock_mhz_min": float(f[m].min()),
+                     "clock_mhz_max": float(f[m].max()), "ctas": int(ctas[m].sum()),
+                     "ctas_per_sm_min": int(ctas[m].min()), "ctas_per_sm_max": int(ctas[m].max()),
+                     "busy_ns_min": round(float(busy_ns[m].min()), 3), "busy_ns_mean": round(float(busy_ns[m].mean()), 3),
+                     "busy_ns_max": round(float(busy_ns[m].max()), 3)})
+    return per_sm, rows
+
+
+def _span(low: float, high: float, fmt: str) -> str:
+    return format(low, fmt) if low == high else f"{format(low, fmt)}..{format(high, fmt)}"
+
+
 @_command
 def cmd_run(args: argparse.Namespace) -> int:
-    from .engine.run import simulate  # imported here: `jaxsched occupancy` stays light
-    from .issue_bound import issue_demand, issue_ns
+    from .engine.run import simulate  # first: the engine's import sets one CPU device per core
+    from .run_bounds import NAMES, bounds_ns
     from .workload import Workload
 
     arch = load_arch(args.arch)
     item = _load_run_input(args.kernel)
     is_workload = isinstance(item, Workload)
     kernels = item.kernels if is_workload else (item,)
-    clk = clocks.uniform(arch, args.clock_ghz)
+    clk = _run_clocks(args, arch)
     result = simulate(arch, item, clk, warp_policy=args.warp_policy, dispatch=args.dispatch,
                       dispatch_start=args.dispatch_start, fast_forward=not args.no_fast_forward)
     n = sum(int(k.grid_ctas) for k in kernels)
     name = Path(args.kernel).stem if is_workload else item.name
     enabled = np.asarray(arch.sm_enabled)
+    mhz = np.asarray(clk.sm_freq_mhz)
     stalls = np.asarray(result.sm_stalls).sum(axis=0)
     launches = [
         {"kernel": k.name, "stream": item.streams[l] if is_workload else 0, "ctas": int(k.grid_ctas),
@@ -157,23 +216,29 @@ def cmd_run(args: argparse.Namespace) -> int:
          "end_ns": round(float(result.kernel_end_ns[l]), 3)}
         for l, k in enumerate(kernels)
     ]
-    # One launch: how far the run is from its schedulers' issue capacity (docs/bounds.md section 7).
-    issue_bound = None if is_workload else float(issue_ns(issue_demand(result, arch, item), clk.sm_freq_mhz))
+    makespan = float(result.makespan_ns)
+    bounds = bounds_ns(result, arch, item, mhz)
+    binding = next(iter(bounds))  # the largest: the one the run is measured against
+    per_sm, gpcs = _per_gpc(arch, result, mhz)
     summary = {
         "arch": arch.name,
         "kernel": name,
         "mode": item.mode if is_workload else "stream",
         "warp_policy": args.warp_policy,
         "dispatch": args.dispatch,
-        "clock_ghz": float(clk.sm_freq_mhz.max()) / 1000.0,
-        "makespan_ns": float(result.makespan_ns),
+        "clock_ghz": float(mhz.max()) / 1000.0,
+        "makespan_ns": makespan,
         "makespan_cycles": float(result.makespan_cycles),
         "makespan_ticks": int(result.makespan_ticks),
         "ticks_stepped": int(result.ticks_stepped),
-        "issue_bound_ns": issue_bound,
+        "issue_bound_ns": bounds["issue_slots"],
+        "bounds_ns": bounds,
+        "binding_bound": binding,
+        "above_binding_percent": round(100 * (makespan / bounds[binding] - 1), 3),
         "ctas": n,
         "launches": launches,
-        "ctas_per_sm": np.asarray(result.sm_ctas)[enabled].tolist(),
+        **per_sm,
+        "gpcs": gpcs,
         "issued_instructions": int(np.sum(result.sm_issued)),
         "ipc_per_sm_mean": float(np.mean(result.ipc[enabled])),
         "achieved_occupancy_mean": float(np.mean(result.achieved_occupancy[enabled])),
@@ -191,20 +256,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         print()
         return 0
     counts = np.asarray(summary["ctas_per_sm"])
+    on_mhz = mhz[enabled]
     what = f"workload {name} ({len(kernels)} launches, {item.mode} mode)" if is_workload else name
-    print(f"{what} on {arch.name} ({arch.sm_count} SMs at {summary['clock_ghz']:.3f} GHz), "
-          f"warp policy {args.warp_policy}, dispatch {args.dispatch}")
-    print(f"  makespan          : {summary['makespan_ns']:.1f} ns = {summary['makespan_cycles']:.0f} "
+    print(f"{what} on {arch.name} ({arch.sm_count} SMs at {_span(on_mhz.min() / 1000, on_mhz.max() / 1000, '.3f')} "
+          f"GHz), warp policy {args.warp_policy}, dispatch {args.dispatch}")
+    print(f"  makespan          : {makespan:.1f} ns = {summary['makespan_cycles']:.0f} "
           f"cycles at {float(arch.boost_clock_ghz):.3f} GHz")
     if is_workload:
         print("  launches          : ready / first CTA / end, ns from the host's first call")
         for l, row in enumerate(launches):
             print(f"    {l:3d} stream {row['stream']:<3d} {row['kernel'][:24]:24s} {row['ctas']:6d} CTAs  "
                   f"{row['ready_ns']:12.1f} {row['start_ns']:12.1f} {row['end_ns']:12.1f}")
-    if issue_bound is not None:
-        above = 100 * (summary["makespan_ns"] / issue_bound - 1)
-        print(f"  issue-slot bound  : {issue_bound:.1f} ns, makespan {above:+.1f}% (issue cycles and launch credit)")
+    others = ", ".join(f"{NAMES[k]} {v:.1f} ns" for k, v in bounds.items() if k != binding)
+    print(f"  bound             : {NAMES[binding]}, {bounds[binding]:.1f} ns; makespan "
+          f"{summary['above_binding_percent']:+.1f}% above it" + (f" (also {others})" if others else ""))
     print(f"  CTAs              : {n}, per SM {counts.min()}..{counts.max()}")
+    print("  per GPC           : SMs, clock MHz, CTAs per SM, busy ns per SM (min..max)")
+    for row in gpcs:
+        print(f"    GPC {row['gpc']:<3d}: {row['sms']:3d} SMs  {_span(row['clock_mhz_min'], row['clock_mhz_max'], '.0f'):>10s} MHz  "
+              f"{_span(row['ctas_per_sm_min'], row['ctas_per_sm_max'], 'd'):>7s} CTAs  "
+              f"{_span(row['busy_ns_min'], row['busy_ns_max'], '.1f'):>17s} ns busy")
     print(f"  instructions      : {summary['issued_instructions']}, IPC/SM {summary['ipc_per_sm_mean']:.2f}, "
           f"achieved occupancy {100 * summary['achieved_occupancy_mean']:.1f}%, "
           f"SIMT efficiency {100 * summary['simt_efficiency']:.1f}%")
@@ -359,21 +430,30 @@ def cmd_plot(args: argparse.Namespace) -> int:
     from . import plot
 
     path = Path(args.dataset)
-    check(path.exists(), "dataset", str(path), "no such file or folder")
-    kind = args.kind or ("gantt" if path.suffix == ".json" else "makespan")
     folder = path if path.is_dir() and path.suffix != ".zarr" else path.parent
-    target = Path(args.output) if args.output else folder / f"{kind}.png"
-    if kind == "gantt":
-        check(path.suffix == ".json", "plot --kind gantt", str(path),
-              "needs a CTA trace: jaxsched run KERNEL --json > trace.json; jaxsched plot trace.json")
+
+    def target(kind: str) -> Path:
+        return Path(args.output) if args.output else folder / f"{kind}.png"
+
+    if plot.content(path) == "json":  # by what the file holds, not by its name
+        check(args.kind in (None, "gantt"), "plot --kind", args.kind, f"{path} is a run's CTA trace (JSON): it draws gantt")
         trace = plot.load_trace(path)
         arch = load_arch(trace["arch"]) if trace.get("arch") in presets.names() else None
-        print(f"wrote {plot.gantt(trace, arch, target)}")
+        print(f"wrote {plot.gantt(trace, arch, target('gantt'))}")
         return 0
-    check(path.suffix != ".json", "plot", str(path), f"--kind {kind} needs a sweep result (folder, .zarr or .nc)")
     from . import sweep
 
     ds = sweep.open_result(path, partial=True)
+    if "makespan_ns" not in ds and "cta_sm" in ds:  # a CTA trace (jaxsched.trace: probe or simulator)
+        from . import trace
+
+        check(args.kind in (None, "gantt"), "plot --kind", args.kind, f"{path} is a CTA trace: it draws gantt")
+        print(f"wrote {plot.gantt(plot.trace_dict(trace.load(path)), None, target('gantt'))}")
+        return 0
+    kind = args.kind or "makespan"
+    check(kind != "gantt", "plot --kind gantt", str(path),
+          "needs a CTA trace: jaxsched run KERNEL --json > trace.json; jaxsched plot trace.json")
+    check("makespan_ns" in ds, "dataset", str(path), "not a jaxsched sweep result (no makespan_ns)")
     if "done" in ds:
         done = ds["done"].values
         if not done.all():
@@ -383,17 +463,21 @@ def cmd_plot(args: argparse.Namespace) -> int:
     sel = _parse_sel(ds, args.sel)
     if kind == "makespan":
         check(not sel, "--sel", args.sel, "not used by --kind makespan (every dimension is shown)")
-        written = plot.makespan(ds, target, x=args.x)
+        written = plot.makespan(ds, target(kind), x=args.x)
     elif kind == "floorplan":
-        written = plot.floorplan(ds, target, var=args.var or "sm_utilisation", sel=sel)
+        written = plot.floorplan(ds, target(kind), var=args.var or "sm_utilisation", sel=sel)
     else:
-        written = plot.stalls(ds, target, x=args.x, sel=sel)
+        written = plot.stalls(ds, target(kind), x=args.x, sel=sel)
     print(f"wrote {written}")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxsched", description=__doc__)
+    parser.add_argument("--no-compile-cache", action="store_true",
+                        help="compile anew: keep no compiled simulations (default: kept in "
+                        f"$XDG_CACHE_HOME/jaxsched or ~/.cache/jaxsched; ${compile_cache.ENV} moves it, "
+                        f"{compile_cache.ENV}=off turns it off)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("arch", help="print an architecture preset or TOML file")
@@ -415,7 +499,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("kernel", help="kernel TOML file (see sweeps/kernels/) or workload TOML file "
                    "(a [workload] table: streams, events, graphs; see examples/workloads/)")
     p.add_argument("--arch", default="h200", help="preset name or arch TOML path")
-    p.add_argument("--clock-ghz", type=float, default=None, help="uniform SM clock (default: boost)")
+    p.add_argument("--clock-ghz", type=float, default=None,
+                   help="every SM's clock, or the mean clock of --clock-model (default: the boost clock)")
+    g = p.add_argument_group("unequal per-SM clocks")
+    g.add_argument("--clocks", metavar="FILE", default=None,
+                   help="a clock map in MHz: .npy, .csv (numbers separated by commas or lines) or .toml "
+                   "(sm_freq_mhz = [...]); one value per enabled SM in %%smid order (132 on the H200), or one "
+                   "per SM slot of the die (144: the enabled SMs first, the floorswept slots' values ignored)")
+    g.add_argument("--clock-model", metavar="MODEL", default=None,
+                   help="a random chip around --clock-ghz: gaussian (independent per SM) or variation "
+                   "(spatially correlated within-die variation, binned to the clock step), capped at boost")
+    g.add_argument("--sigma", type=float, default=None, help="relative spread of --clock-model (0.05 = 5 %%)")
+    g.add_argument("--seed", type=int, default=None, help="which random chip of --clock-model (default 0)")
     p.add_argument("--warp-policy", default="gto", choices=WARP_POLICIES)
     p.add_argument("--dispatch", default="hardware", choices=DISPATCH_POLICIES)
     p.add_argument("--dispatch-start", type=int, default=0, help="rotation of the hardware SM order")
@@ -453,11 +548,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--against", default=None, metavar="OTHER", help="another result of the same spec to compare with")
 
     p = sub.add_parser("plot", help="figures from a sweep result or a run trace")
-    p.add_argument("dataset", help="sweep output folder, sweep.zarr, sweep.nc, or the JSON of "
-                   "`jaxsched run --json` (for --kind gantt)")
+    p.add_argument("dataset", help="sweep output folder, sweep.zarr, sweep.nc, a CTA trace (.nc), or the JSON "
+                   "of `jaxsched run --json` (for --kind gantt); recognised by content, whatever the name")
     p.add_argument("--kind", choices=("makespan", "floorplan", "stalls", "gantt"), default=None,
-                   help="makespan vs a swept value (default), per-SM floorplan, stall breakdown, "
-                   "CTA Gantt chart (default for .json)")
+                   help="makespan vs a swept value (default for a sweep), per-SM floorplan, stall breakdown, "
+                   "CTA Gantt chart (default for a trace)")
     p.add_argument("-o", "--output", default=None, help="PNG or SVG path (default: KIND.png next to the data)")
     p.add_argument("--x", default=None, help="swept dimension on the x axis (makespan, stalls)")
     p.add_argument("--sel", action="append", metavar="DIM=VALUE",
@@ -468,9 +563,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_COMPILING = ("run", "sweep", "fit")  # the commands that compile simulations
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        folder = compile_cache.default_folder()
+        if args.command in _COMPILING and not args.no_compile_cache and folder is not None:
+            compile_cache.enable(folder)
         return _COMMANDS[args.command](args)
     except JaxschedError as exc:
         print(f"jaxsched {args.command}: error: {exc}", file=sys.stderr)

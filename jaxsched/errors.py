@@ -13,6 +13,7 @@ engine guards what could reach its loop (`engine.run`).
 from __future__ import annotations
 
 import os
+import sys
 from typing import Callable
 
 import numpy as np
@@ -49,7 +50,10 @@ def os_error(exc: OSError) -> str:
 
 
 def is_traced(x: object) -> bool:
-    """Whether `x` is a JAX tracer (inside `jit`, `vmap` or `grad`): its value is unknown here."""
+    """Whether `x` is a JAX tracer (inside `jit`, `vmap` or `grad`): its value is unknown here.
+    Without JAX imported nothing can be traced, so checks run without importing it."""
+    if "jax" not in sys.modules:
+        return False
     from jax.core import Tracer
 
     return isinstance(x, Tracer)

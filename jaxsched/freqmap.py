@@ -2,7 +2,8 @@
 binning and caps.
 
 A frequency map is a float32 array of MHz, one entry per SM slot, 0 on floorswept slots
-(`~arch.sm_enabled`). Every generator is a pure `jax.numpy` function: keys, numeric parameters
+(`~arch.sm_enabled`); given maps may instead hold one entry per enabled SM, in `%smid` order
+(`clocks.lengths_hint`). Every generator is a pure `jax.numpy` function: keys, numeric parameters
 and the `Arch` leaves may be traced, only array shapes are static, so `jax.vmap` over PRNG keys
 (many chips) or over parameters (a sweep) and `jax.jit` work without recompiling per value.
 `to_clocks` turns a map into the engine's integer-MHz `Clocks`.
@@ -47,10 +48,11 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray
 
+from . import tomldoc
 from .arch import Arch
-from .clocks import Clocks
+from .clocks import Clocks, gaussian, lengths_hint
 from .clocks import from_array as _clocks_from_array
-from .errors import check
+from .errors import JaxschedError, check
 
 # --- process-variation defaults (leads; calibrate) ---
 # Within-die sigma: 4% puts the slowest of 132 SMs about 2.6 sigma (~10%) below the mean, so
@@ -104,11 +106,14 @@ def _check_value(x: Any, field: str, ok, limit: str) -> None:
         check(False, f"freqmap.{field}", float(np.ravel(bad)[0]), limit)
 
 
-def _per_sm_shape(x: Any, arch: Arch, field: str) -> None:
+def _per_sm(x: Any, arch: Arch, field: str) -> Any:
+    """`x` as a scalar or one value per SM slot: given so, or per enabled SM (floorswept slots 0)."""
     shape = np.shape(x)
-    n = arch.n_sm_slots
-    check(shape in ((), (n,)), f"freqmap.{field}", f"shape {shape}",
-          f"a scalar or one value per SM slot ({n},)")
+    if shape in ((), (arch.n_sm_slots,)):
+        return x
+    check(shape == (arch.sm_count,), f"freqmap.{field}", f"shape {shape}",
+          f"a scalar or one value per SM: {lengths_hint(arch)}")
+    return jnp.concatenate([_f32(x), jnp.zeros(arch.n_sm_slots - arch.sm_count, jnp.float32)])
 
 
 def _mask(arch: Arch, mhz: Array) -> Float[Array, " sm"]:
@@ -135,10 +140,14 @@ def uniform(arch: Arch, mhz: ArrayLike | None = None) -> Float[Array, " sm"]:
 
 
 def from_array(arch: Arch, mhz: ArrayLike) -> Float[Array, " sm"]:
-    """A user-given map: one MHz value per SM slot (floorswept slots are zeroed)."""
-    shape = np.shape(mhz)
-    check(shape == (arch.n_sm_slots,), "freqmap.mhz", f"shape {shape}",
-          f"one frequency per SM slot ({arch.n_sm_slots},)")
+    """A user-given map: one MHz value per SM slot (floorswept slots are zeroed) or one per
+    enabled SM, in `%smid` order."""
+    shape, n = np.shape(mhz), arch.n_sm_slots
+    if shape != (n,):
+        k = arch.sm_count
+        check(shape == (k,), "freqmap.mhz", f"{shape[0]} entries" if len(shape) == 1 else f"shape {shape}",
+              f"needs {lengths_hint(arch)}")
+        mhz = jnp.concatenate([_f32(mhz), jnp.zeros(n - k, jnp.float32)])  # the enabled SMs come first
     arr, enabled = _concrete(mhz), _concrete(arch.sm_enabled)
     if arr is not None and enabled is not None:
         bad = (enabled > 0) & ~(np.isfinite(arr) & (arr > 0))
@@ -148,34 +157,68 @@ def from_array(arch: Arch, mhz: ArrayLike) -> Float[Array, " sm"]:
     return _mask(arch, _f32(mhz))
 
 
+FILE_KINDS = (".npy", ".csv", ".toml")
+
+
 def from_file(arch: Arch, path: str | os.PathLike) -> Float[Array, " sm"]:
-    """A map read from a .npy or .csv file: one MHz value per SM slot, or one per enabled SM
-    (in `%smid` order; floorswept slots then get 0). CSV values may span rows and columns."""
+    """A map read from a file of MHz values, one per enabled SM in `%smid` order or one per SM
+    slot of the die (`clocks.lengths_hint`): `.npy` (numpy array), `.csv` (numbers separated
+    by commas or line breaks, `#` comments) or `.toml` (`sm_freq_mhz = [...]`)."""
     path = os.fspath(path)
     ext = os.path.splitext(path)[1].lower()
-    check(ext in (".npy", ".csv"), "freqmap.path", path, "a .npy or .csv file")
-    check(os.path.isfile(path), "freqmap.path", path, "an existing file")
+    check(ext in FILE_KINDS, "clock map", path, f"a {', '.join(FILE_KINDS)} file")
+    check(os.path.isfile(path), "clock map", path, "no such file")
     try:
         if ext == ".npy":
             values = np.load(path, allow_pickle=False)
-        else:
+        elif ext == ".csv":
             values = np.loadtxt(path, delimiter=",", comments="#", ndmin=1)
+        else:
+            doc = tomldoc.read(path, "clock map")
+            check("sm_freq_mhz" in doc, "clock map", path, "a TOML file with sm_freq_mhz = [one MHz value per SM]")
+            values = doc["sm_freq_mhz"]
         values = np.ravel(np.asarray(values, dtype=np.float64))
-    except (ValueError, UnicodeDecodeError) as err:
-        check(False, "freqmap.path", path, f"numbers only ({err})")
+    except JaxschedError:
+        raise
+    except (ValueError, TypeError, UnicodeDecodeError) as err:
+        raise JaxschedError("clock map", path, f"MHz numbers only ({str(err).splitlines()[0]})") from None
     except OSError as err:
-        check(False, "freqmap.path", path, f"cannot be read ({err})")
+        raise JaxschedError("clock map", path, f"cannot be read ({err.strerror or err})") from None
     n, k = arch.n_sm_slots, arch.sm_count
-    check(len(values) in (n, k), "freqmap.path", f"{path}: {len(values)} values",
-          f"one per SM slot ({n}) or one per enabled SM ({k})")
-    if len(values) == k:
-        values = np.concatenate([values, np.zeros(n - k)])  # enabled slots come first
+    check(len(values) in (n, k), f"clock map {path}", f"{len(values)} values", f"needs {lengths_hint(arch)}")
+    finite = values[np.isfinite(values)]
+    check(finite.size == 0 or finite.max() >= 10, f"clock map {path}", f"largest value {finite.max() if finite.size else 0:g}",
+          "clocks in MHz (1980 for 1.98 GHz), not GHz")
     return from_array(arch, values)
 
 
 def to_clocks(arch: Arch, mhz: ArrayLike) -> Clocks:
     """The engine's `Clocks` (int32 MHz, rounded; validated) from a map. Needs concrete values."""
     return _clocks_from_array(arch, np.asarray(mhz, dtype=np.float64))
+
+
+MODELS = ("gaussian", "variation")
+
+
+def random_clocks(arch: Arch, model: str, seed: int, mean_ghz: float, sigma: float, *, sigma_die: float = 0.0,
+                  corr_length_mm: float | None = None, ir_drop: bool = False) -> Clocks:
+    """The per-SM clocks of one random chip, as a sweep's `[clocks]` table draws them.
+
+    `gaussian`: independent per-SM clocks `mean (1 + sigma z)`, capped at the boost clock
+    (`clocks.gaussian`). `variation`: `process_variation` (spatially correlated within-die part
+    `sigma`, die-to-die part `sigma_die`, correlation length `corr_length_mm`), times the
+    IR-drop factor if `ir_drop`, floored to the arch's clock bins and capped at the boost clock.
+    """
+    check(model in MODELS, "clocks.model", model, f"one of {MODELS}")
+    check(isinstance(seed, (int, np.integer)) and not isinstance(seed, bool) and 0 <= seed <= 2**31 - 1,
+          "clocks.seed", seed, "an integer in 0 .. 2^31 - 1")
+    check(np.isfinite(mean_ghz) and mean_ghz > 0, "clocks.mean_ghz", mean_ghz, "a positive frequency")
+    if model == "gaussian":
+        return gaussian(arch, seed, mean_ghz, sigma)
+    mhz = process_variation(jax.random.key(seed), arch, mean_mhz=mean_ghz * 1000.0, sigma_within=sigma,
+                            sigma_die=sigma_die, corr_length_mm=corr_length_mm)
+    factors = (ir_factor(arch),) if ir_drop else ()
+    return to_clocks(arch, combine(arch, mhz, *factors, cap_mhz=float(arch.boost_clock_ghz) * 1000.0))
 
 
 # ----------------------------------------------------------------------------- process variation
@@ -297,7 +340,7 @@ def _ir_params(arch: Arch, given: dict[str, Any]) -> dict[str, Any]:
     b_shape = np.shape(params["bumps_xy_mm"])
     check(len(b_shape) == 2 and b_shape[1] == 2 and b_shape[0] >= 1, "freqmap.bumps_xy_mm",
           f"shape {b_shape}", "(n_bumps >= 1, 2) positions in mm")
-    _per_sm_shape(params["current_a"], arch, "current_a")
+    params["current_a"] = _per_sm(params["current_a"], arch, "current_a")
     positive = lambda v: v > 0  # noqa: E731
     non_negative = lambda v: v >= 0  # noqa: E731
     _check_value(params["vdd"], "vdd", positive, "a positive supply voltage")

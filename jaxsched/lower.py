@@ -16,20 +16,19 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from .arch import ISSUE_UNITS_PER_CYCLE, Arch
-from .arch import validate as validate_arch
+from .arch import Arch
+from .archvalues import ISSUE_UNITS_PER_CYCLE
+from .archvalues import validate as validate_arch
 from .clocks import Clocks, lengths_hint, validate_clocks
 from .dvfs import Dvfs, DvfsLaunch, lower_dvfs, off, tick_mhz as reachable_tick_mhz
 from .errors import INT32_MAX, INT32_MIN, JaxschedError, check, check_floats, check_ints, check_values
 from .isa import Op
 from .kernel import Kernel, validate_kernel
 from .occupancy import check_launch, occupancy
+from .policies import DISPATCH_POLICIES, WARP_POLICIES
 
 QUEUE_ONE_TICK = 1024  # memory-queue backlog is kept in 1/1024 of a tick
 BRANCH_HASH_ONE = 1 << 24  # branch lane draws compare 24-bit hashes against p * 2^24
-
-WARP_POLICIES = ("lrr", "gto", "oldest")
-DISPATCH_POLICIES = ("hardware", "round_robin", "least_loaded", "weighted", "closed_loop")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +41,10 @@ class Shapes:
     schedulers: int
     n_instr: int
     max_ctas: int  # per-CTA trace length (all launches of a workload)
+    # the engine's run-time guard on values that were traced when given (equinox.error_if); off
+    # where every value was concrete, so checked where it was built: its host callbacks keep an
+    # executable out of every compilation cache (compile_cache.py)
+    guarded: bool = True
     trace_len: int = 0  # rows of the DVFS clock trace (section 12)
     n_launches: int = 1  # kernel launches of a workload (section 13)
     dvfs: bool = True  # False when every configuration has DVFS off: section 12's step is compiled out

@@ -8,23 +8,27 @@ and from CC 9.0 on the CTA-barrier limit. The launch is treated as `cudaFuncAttr
 describe it: the function opted in to exactly the dynamic shared memory it asks for
 (`cudaFuncSetAttribute(MaxDynamicSharedMemorySize)`), and it uses one block barrier.
 
-All functions are written in `jax.numpy`, broadcast over their numeric arguments and work under
-`jit` and `vmap`. Concrete (non-traced) inputs are validated first: values that CUDA would refuse
-to launch raise `JaxschedError`; under tracing they yield 0 blocks, as CUDA's calculator does.
+All functions broadcast over their numeric arguments and work under `jit` and `vmap`. They run
+in numpy when every input is a concrete number (an `ArchValues` or a concrete `Arch`: the
+command line answers without starting JAX) and in `jax.numpy` otherwise, by the same rules.
+Concrete inputs are validated first: values that CUDA would refuse to launch raise
+`JaxschedError`; under tracing they yield 0 blocks, as CUDA's calculator does.
 """
 
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING, Any, NamedTuple
 
-import equinox as eqx
-import jax
-import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, ArrayLike, Float, Int
 
-from .arch import Arch
-from .errors import INT32_MAX, INT32_MIN, JaxschedError
+from .errors import INT32_MAX, INT32_MIN, JaxschedError, is_traced
+
+if TYPE_CHECKING:
+    from jaxtyping import Array, ArrayLike, Float, Int
+
+    from .arch import Arch
+    from .archvalues import ArchValues
 
 # cuda_occupancy.h uses INT_MAX for "this resource sets no limit".
 NO_LIMIT = np.iinfo(np.int32).max
@@ -41,8 +45,9 @@ class Limiter(enum.IntFlag):
     BARRIERS = 0x10
 
 
-class Occupancy(eqx.Module):
-    """Everything NVIDIA's occupancy calculator shows, broadcast to the inputs' shape."""
+class Occupancy(NamedTuple):
+    """Everything NVIDIA's occupancy calculator shows, broadcast to the inputs' shape (a pytree:
+    a named tuple)."""
 
     blocks_per_sm: Int[Array, "..."]
     limit_warps: Int[Array, "..."]
@@ -72,15 +77,32 @@ def _round_up(x: Array, y: Array) -> Array:
     return _ceil_div(x, y) * y
 
 
-def _align_up_carveout(arch: Arch, size_bytes: Array) -> Array:
+def _align_up_carveout(xp: Any, arch: Arch | ArchValues, size_bytes: Array) -> Array:
     """Smallest supported SM shared-memory size >= size (cudaOccAlignUpShmemSizeVoltaPlus)."""
     sizes = arch.smem_carveout_kib * 1024
     fits = sizes >= size_bytes[..., None]
-    return jnp.min(jnp.where(fits, sizes, NO_LIMIT), axis=-1)
+    return xp.min(xp.where(fits, sizes, NO_LIMIT), axis=-1)
+
+
+_ARCH_NUMBERS = ("max_threads_per_block", "max_threads_per_sm", "max_blocks_per_sm", "regs_per_sm", "regs_per_block",
+                 "max_regs_per_thread", "reg_alloc_unit", "smem_per_sm_bytes", "smem_per_block_bytes",
+                 "smem_per_block_optin_bytes", "reserved_smem_per_block_bytes", "smem_alloc_unit_bytes",
+                 "smem_carveout_kib", "barriers_per_block_slot")
+
+
+def _array_module(arch: Arch | ArchValues, inputs: tuple) -> Any:
+    """numpy when the architecture's numbers and every input are concrete numpy or Python values,
+    else `jax.numpy` (traced, or JAX arrays)."""
+    values = (*inputs, *(getattr(arch, f) for f in _ARCH_NUMBERS))
+    if all(isinstance(x, (np.ndarray, np.generic, int, float)) for x in values):
+        return np
+    import jax.numpy as jnp
+
+    return jnp
 
 
 def occupancy(
-    arch: Arch,
+    arch: Arch | ArchValues,
     threads_per_block: ArrayLike,
     regs_per_thread: ArrayLike,
     dynamic_smem_bytes: ArrayLike,
@@ -96,10 +118,11 @@ def occupancy(
     """
     inputs = (threads_per_block, regs_per_thread, dynamic_smem_bytes, static_smem_bytes,
               carveout_percent, block_barriers)
-    if not any(isinstance(x, jax.core.Tracer) for x in inputs):
+    if not any(is_traced(x) for x in inputs):
         check_launch(arch, *inputs)
-    threads, regs, dyn, static, carve, bars = jnp.broadcast_arrays(
-        *(jnp.asarray(x, dtype=jnp.int32) for x in inputs)
+    xp = _array_module(arch, inputs)
+    threads, regs, dyn, static, carve, bars = xp.broadcast_arrays(
+        *(xp.asarray(x, dtype=xp.int32) for x in inputs)
     )
     sub = arch.schedulers_per_sm
     warps = _ceil_div(threads, arch.warp_size)
@@ -114,67 +137,67 @@ def occupancy(
         | (arch.regs_per_block < regs_per_cta)
         | (regs > arch.max_regs_per_thread)
     )
-    warps_per_sub = (arch.regs_per_sm // sub) // jnp.maximum(regs_per_warp, 1)
-    limit_regs = jnp.where(
+    warps_per_sub = (arch.regs_per_sm // sub) // xp.maximum(regs_per_warp, 1)
+    limit_regs = xp.where(
         reg_infeasible,
         0,
-        jnp.where(regs_per_warp > 0, warps_per_sub * sub // jnp.maximum(warps, 1), NO_LIMIT),
+        xp.where(regs_per_warp > 0, warps_per_sub * sub // xp.maximum(warps, 1), NO_LIMIT),
     )
 
     # Warp slots (cudaOccMaxBlocksPerSMWarpsLimit).
     max_warps = arch.max_threads_per_sm // arch.warp_size
-    limit_warps = jnp.where(valid_block, max_warps // jnp.maximum(warps, 1), 0)
+    limit_warps = xp.where(valid_block, max_warps // xp.maximum(warps, 1), 0)
 
     # Block slots (cudaOccMaxBlocksPerMultiprocessor).
-    limit_blocks = jnp.broadcast_to(arch.max_blocks_per_sm, threads.shape)
+    limit_blocks = xp.broadcast_to(arch.max_blocks_per_sm, threads.shape)
 
     # Shared memory (cudaOccMaxBlocksPerSMSmemLimit, cudaOccSMemPerBlock, carveout preference).
     static_total = static + arch.reserved_smem_per_block_bytes
     smem_alloc = _round_up(static_total + dyn, arch.smem_alloc_unit_bytes)
     per_block_limit = (
-        jnp.where(
+        xp.where(
             static_total + dyn > arch.smem_per_block_bytes,
             arch.smem_per_block_optin_bytes,
             arch.smem_per_block_bytes,
         )
         + arch.reserved_smem_per_block_bytes
     )
-    preference = jnp.where(
+    preference = xp.where(
         carve == CARVEOUT_DEFAULT,
         arch.smem_per_sm_bytes,
-        _align_up_carveout(arch, carve * arch.smem_per_sm_bytes // 100),
+        _align_up_carveout(xp, arch, carve * arch.smem_per_sm_bytes // 100),
     )
-    smem_sm = jnp.where(preference >= smem_alloc, preference, _align_up_carveout(arch, smem_alloc))
-    limit_smem = jnp.where(
+    smem_sm = xp.where(preference >= smem_alloc, preference, _align_up_carveout(xp, arch, smem_alloc))
+    limit_smem = xp.where(
         smem_alloc > per_block_limit,
         0,
-        jnp.where(smem_alloc > 0, smem_sm // jnp.maximum(smem_alloc, 1), NO_LIMIT),
+        xp.where(smem_alloc > 0, smem_sm // xp.maximum(smem_alloc, 1), NO_LIMIT),
     )
 
-    limit = jnp.minimum(jnp.minimum(limit_regs, limit_smem), jnp.minimum(limit_warps, limit_blocks))
+    limit = xp.minimum(xp.minimum(limit_regs, limit_smem), xp.minimum(limit_warps, limit_blocks))
     factors = (
-        jnp.where(limit == limit_warps, int(Limiter.WARPS), 0)
-        | jnp.where(limit == limit_regs, int(Limiter.REGISTERS), 0)
-        | jnp.where(limit == limit_smem, int(Limiter.SHARED_MEMORY), 0)
-        | jnp.where(limit == limit_blocks, int(Limiter.BLOCKS), 0)
+        xp.where(limit == limit_warps, int(Limiter.WARPS), 0)
+        | xp.where(limit == limit_regs, int(Limiter.REGISTERS), 0)
+        | xp.where(limit == limit_smem, int(Limiter.SHARED_MEMORY), 0)
+        | xp.where(limit == limit_blocks, int(Limiter.BLOCKS), 0)
     )
     # From Hopper on, named CTA barriers are a per-SM resource too (cudaOccMaxBlocksPerSMBlockBarrierLimit).
     if arch.compute_capability[0] >= 9:
         uses_bars = bars > 0
-        limit_bars = jnp.where(
-            uses_bars, arch.barriers_per_block_slot * arch.max_blocks_per_sm // jnp.maximum(bars, 1),
+        limit_bars = xp.where(
+            uses_bars, arch.barriers_per_block_slot * arch.max_blocks_per_sm // xp.maximum(bars, 1),
             NO_LIMIT,
         )
-        limit = jnp.minimum(limit, limit_bars)
-        factors = factors | jnp.where(uses_bars & (limit == limit_bars), int(Limiter.BARRIERS), 0)
+        limit = xp.minimum(limit, limit_bars)
+        factors = factors | xp.where(uses_bars & (limit == limit_bars), int(Limiter.BARRIERS), 0)
     else:
-        limit_bars = jnp.full(threads.shape, NO_LIMIT, dtype=jnp.int32)
+        limit_bars = xp.full(threads.shape, NO_LIMIT, dtype=xp.int32)
     # Inputs CUDA's calculator rejects (it returns an error) give 0 blocks under tracing.
     accepted = (threads > 0) & ((carve == CARVEOUT_DEFAULT) | ((carve >= 0) & (carve <= 100)))
-    limit = jnp.where(accepted & (bars >= 0) & (bars <= 16), limit, 0)
+    limit = xp.where(accepted & (bars >= 0) & (bars <= 16), limit, 0)
 
     active_warps = limit * warps
-    return Occupancy(
+    occ = Occupancy(
         blocks_per_sm=limit,
         limit_warps=limit_warps,
         limit_registers=limit_regs,
@@ -184,15 +207,18 @@ def occupancy(
         limiting_factors=factors,
         warps_per_block=warps,
         active_warps=active_warps,
-        occupancy=active_warps.astype(jnp.float32) / max_warps.astype(jnp.float32),
+        occupancy=active_warps.astype(xp.float32) / max_warps.astype(xp.float32),
         regs_per_block_allocated=regs_per_cta,
         smem_per_block_allocated_bytes=smem_alloc,
         smem_per_sm_bytes=smem_sm,
     )
+    if xp is np:  # numpy's Python-int results are int64: the dtypes JAX gives
+        return Occupancy(*(np.asarray(v, np.float32 if k == "occupancy" else np.int32) for k, v in occ._asdict().items()))
+    return occ
 
 
 def max_active_blocks(
-    arch: Arch,
+    arch: Arch | ArchValues,
     threads_per_block: ArrayLike,
     regs_per_thread: ArrayLike,
     dynamic_smem_bytes: ArrayLike,
@@ -205,7 +231,7 @@ def max_active_blocks(
 
 
 def check_launch(
-    arch: Arch,
+    arch: Arch | ArchValues,
     threads_per_block: ArrayLike,
     regs_per_thread: ArrayLike,
     dynamic_smem_bytes: ArrayLike,

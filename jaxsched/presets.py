@@ -1,4 +1,5 @@
-"""Architecture presets: `get(name)` returns an `Arch`; `names()` lists them.
+"""Architecture presets: `get(name)` returns an `Arch`, `values(name)` the same numbers without
+JAX (`archvalues.ArchValues`); `names()` lists them.
 
 Every number carries its source. Abbreviations used in the comments:
 - [occ]   CUDA toolkit `cuda_occupancy.h` (per-CC rules: blocks/SM, granularities, carveouts).
@@ -18,14 +19,17 @@ Latencies of the other presets are leads, not measurements of this project.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from .arch import Arch, make_arch
+from .archvalues import ArchValues
 from .errors import JaxschedError
 from .hierarchy import build_hierarchy
 from .isa import Op
+
+if TYPE_CHECKING:
+    from .arch import Arch
 
 # Limits shared by every CC >= 7.0: [pg] and [occ].
 _COMMON = dict(
@@ -71,9 +75,9 @@ def _issue(fma: float, alu: float) -> list[float]:
     return cyc
 
 
-def v100() -> Arch:
+def _v100() -> dict:
     """Tesla V100 SXM2 (GV100, CC 7.0)."""
-    return make_arch(
+    return dict(
         name="v100",
         compute_capability=(7, 0),
         # [wpV] GV100: 6 GPCs x 7 TPCs x 2 SMs = 84; V100 enables 80. 815 mm^2 die. [schem]
@@ -106,9 +110,9 @@ def v100() -> Arch:
     )
 
 
-def a100() -> Arch:
+def _a100() -> dict:
     """A100 SXM4 40 GB (GA100, CC 8.0)."""
-    return make_arch(
+    return dict(
         name="a100",
         compute_capability=(8, 0),
         # [wpA] GA100: 8 GPCs x 8 TPCs x 2 = 128 SMs; A100 enables 108. 826 mm^2. [schem]
@@ -186,9 +190,9 @@ def _measured_layout(tpc_gpc: list[int], lead_tpcs: tuple[int, ...], gpc_tpcs_fu
 
 
 def _gh100(name: str, dram_bytes_per_ns: float, dram_latency_ns: float,
-           hierarchy: dict[str, np.ndarray]) -> Arch:
+           hierarchy: dict[str, np.ndarray]) -> dict:
     """GH100 with 132 SMs enabled (H100 SXM5, H200 SXM; CC 9.0)."""
-    return make_arch(
+    return dict(
         name=name,
         compute_capability=(9, 0),
         **hierarchy,
@@ -236,7 +240,7 @@ def _gh100(name: str, dram_bytes_per_ns: float, dram_latency_ns: float,
     )
 
 
-def h100() -> Arch:
+def _h100() -> dict:
     """H100 SXM5 80 GB."""
     # [wpH] GH100: 8 GPCs x 9 TPCs x 2 SMs = 144; 132 enabled, reported as 6 x 16 + 2 x 18 SMs per
     # GPC [dom]; 814 mm^2 [schem]. Layout not measured on an H100: %smid pairs round robin.
@@ -245,7 +249,7 @@ def h100() -> Arch:
     return _gh100("h100", dram_bytes_per_ns=3350.0, dram_latency_ns=360.0, hierarchy=layout)
 
 
-def h200() -> Arch:
+def _h200() -> dict:
     """H200 SXM 141 GB."""
     layout = _measured_layout(_H200_TPC_GPC, _H200_LEAD_TPCS, [9] * 8, die_mm=(33.0, 24.7))
     # [cal] DRAM latency: cold .cg pointer chase over 2 GiB (TLB misses included), 684 and 710
@@ -255,9 +259,9 @@ def h200() -> Arch:
     return _gh100("h200", dram_bytes_per_ns=3700.0, dram_latency_ns=352.0, hierarchy=layout)
 
 
-def rtx3090() -> Arch:
+def _rtx3090() -> dict:
     """GeForce RTX 3090 (GA102, CC 8.6)."""
-    return make_arch(
+    return dict(
         name="rtx3090",
         compute_capability=(8, 6),
         # [wpGA] GA102: 7 GPCs x 6 TPCs x 2 = 84 SMs; RTX 3090 enables 82. 628 mm^2. [schem]
@@ -290,12 +294,12 @@ def rtx3090() -> Arch:
     )
 
 
-_PRESETS: dict[str, Callable[[], Arch]] = {
-    "v100": v100,
-    "a100": a100,
-    "h100": h100,
-    "h200": h200,
-    "rtx3090": rtx3090,
+_PRESETS: dict[str, Callable[[], dict]] = {
+    "v100": _v100,
+    "a100": _a100,
+    "h100": _h100,
+    "h200": _h200,
+    "rtx3090": _rtx3090,
 }
 
 
@@ -304,9 +308,21 @@ def names() -> list[str]:
     return list(_PRESETS)
 
 
-def get(name: str) -> Arch:
-    """The preset called `name` (case-insensitive)."""
+def fields(name: str) -> dict:
+    """The fields of the preset called `name` (case-insensitive), as plain values."""
     key = name.lower()
     if key not in _PRESETS:
         raise JaxschedError("arch", name, f"unknown preset; known presets: {', '.join(_PRESETS)}")
     return _PRESETS[key]()
+
+
+def values(name: str) -> ArchValues:
+    """The preset called `name` as numpy values, without JAX."""
+    return ArchValues(**fields(name))
+
+
+def get(name: str) -> Arch:
+    """The preset called `name` (case-insensitive)."""
+    from .arch import make_arch  # imports JAX; `values` reads a preset without it
+
+    return make_arch(**fields(name))

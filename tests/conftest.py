@@ -9,6 +9,10 @@ from hypothesis import settings
 # tests/test_sharding.py and tests/test_batch_chunks.py check the multi-device paths.
 os.environ.setdefault("JAXSCHED_CPU_DEVICES", "1")
 
+# The command line keeps compiled simulations in the user's cache folder; tests neither read nor
+# write it (a run must compile what it runs). tests/test_compile_cache.py uses folders of its own.
+os.environ["JAXSCHED_CACHE_DIR"] = "off"
+
 # Compilation is most of the suite's time. XLA's CPU fusion emitters off halve a small chip's
 # compile (10 s to 5-7 s) for a slower run (+25-40 %): a net gain where each engine compiles
 # for a few short runs. Results do not depend on it: tests/test_compiler_flags.py compares a

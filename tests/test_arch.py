@@ -9,6 +9,7 @@ Per-CC limits (threads/SM, blocks/SM, shared memory, opt-in, reserved) are check
 from __future__ import annotations
 
 import copy
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxsched as js
-from jaxsched import archio, presets
+from jaxsched import archio, archvalues, presets
+from jaxsched.arch import Arch
 from jaxsched.hierarchy import build_hierarchy
 from jaxsched.isa import N_OPS, OP_NAMES, Op
 
@@ -260,6 +262,24 @@ def test_toml_round_trip(arch_cache, name):
     assert archio.dumps(back) == text  # a fixed point
 
 
+def test_toml_reads_like_its_source():
+    """`jaxsched arch h200 --toml`: about a hundred lines, the enabled SMs as a range, every number
+    as written in the preset (1.59, not float32's 1.590000033378601)."""
+    text = archio.dumps(presets.get("h200"))
+    assert len(text.splitlines()) < 130 and max(map(len, text.splitlines())) <= 120
+    assert 'enabled = "0-131"' in text
+    for line in ("base_clock_ghz = 1.59", "boost_clock_ghz = 1.98", "die_mm = [33.0, 24.7]",
+                 "latency_cycles = {fma = 4, alu = 4, sfu = 17, lds = 23, ldg = 34, shfl = 24, bar = 1, exit = 1}"):
+        assert line in text.splitlines(), line
+    assert "00000" not in text and "99999" not in text
+
+
+@pytest.mark.parametrize("form", ["0-131", "0-63,64-131", list(range(132)), [True] * 132 + [False] * 12])
+def test_enabled_forms(arch_cache, form):
+    arch = archio.loads(_doc_enabled(form)())
+    assert_same_arch(arch_cache["h200"], arch)
+
+
 @settings(max_examples=25, deadline=None)
 @given(launch_ns=st.one_of(st.just(0.0), st.floats(0.0, 1e5, width=32)))
 def test_cta_launch_ns_round_trip(arch_cache, launch_ns):
@@ -385,9 +405,16 @@ def _doc_bad_dispatch() -> str:
 
 def _doc_enabled_not_first() -> str:
     doc = _h200_doc()
-    doc["sm"]["enabled"][0] = False
-    doc["sm"]["enabled"][132] = True
+    doc["sm"]["enabled"] = "1-132"
     return tomli_w.dumps(doc)
+
+
+def _doc_enabled(value: object) -> Callable[[], str]:
+    def text() -> str:
+        doc = _h200_doc()
+        doc["sm"]["enabled"] = value
+        return tomli_w.dumps(doc)
+    return text
 
 
 def _doc_sm_and_hierarchy() -> str:
@@ -431,6 +458,9 @@ BAD_TOML = {
     "dispatch_order not a permutation": (_doc_bad_dispatch, ["dispatch_order", "[125, 125, 126"]),
     "enabled SMs not first": (_doc_enabled_not_first, ["sm_enabled", "[0, 1, 1"]),
     "[sm] and [hierarchy]": (_doc_sm_and_hierarchy, ["sm", "hierarchy"]),
+    "enabled range backwards": (_doc_enabled("0-131,140-135"), ["sm.enabled", "140-135", "ranges"]),
+    "enabled slot past the die": (_doc_enabled([0, 1, 144]), ["sm.enabled", "0 .. 143"]),
+    "enabled words": (_doc_enabled("all"), ["sm.enabled", "'all'"]),
 }
 
 
@@ -493,3 +523,25 @@ def test_validate_via_replace(arch_cache):
 def test_bad_toml_values_raise_jaxsched_error(text):
     with pytest.raises(js.JaxschedError):
         archio.loads(text)
+
+
+def test_arch_values_are_the_arch_without_jax():
+    """`ArchValues` has `Arch`'s fields, cast to the same dtypes, and is checked by the same rules."""
+    import dataclasses
+
+    assert archvalues.FIELDS == tuple(f.name for f in dataclasses.fields(Arch))
+    for name in PRESETS:
+        values, arch = presets.values(name), presets.get(name)
+        assert (values.n_sm_slots, values.sm_count) == (arch.n_sm_slots, arch.sm_count)
+        for field in archvalues.FIELDS:
+            a, v = getattr(arch, field), getattr(values, field)
+            assert type(a) is type(v), field
+            if isinstance(a, np.ndarray):
+                assert a.dtype == v.dtype, field
+            np.testing.assert_array_equal(a, v, err_msg=field)
+    fields = presets.fields("h200")
+    with pytest.raises(js.JaxschedError, match="max_blocks_per_sm"):
+        archvalues.ArchValues(**{**fields, "max_blocks_per_sm": 0})
+    with pytest.raises(js.JaxschedError, match="missing"):
+        archvalues.ArchValues(**{k: v for k, v in fields.items() if k != "warp_size"})
+

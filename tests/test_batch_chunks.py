@@ -41,9 +41,9 @@ def test_no_devices_is_refused():
         _batch(devices=[])
 
 
-def _in_fresh_process(env: dict, code: str = "import jaxsched, jax; print(len(jax.devices()))") -> str:
+def _in_fresh_process(env: dict, code: str = "import jaxsched.engine, jax; print(len(jax.devices()))") -> str:
     """What `code` prints in a fresh process with `env` added (by default the CPU devices after
-    importing jaxsched), or its error."""
+    importing the engine), or its error."""
     full = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXSCHED_CPU_DEVICES")}
     full.update(JAX_PLATFORMS="cpu", **env)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
@@ -51,6 +51,9 @@ def _in_fresh_process(env: dict, code: str = "import jaxsched, jax; print(len(ja
 
 
 def test_host_cores_become_cpu_devices():
+    """The engine's import exposes one CPU device per core; `import jaxsched` alone neither
+    imports JAX nor configures it."""
+    assert _in_fresh_process({}, "import jaxsched, sys; print('jax' in sys.modules)") == "False"
     assert _in_fresh_process({}) == str(len(os.sched_getaffinity(0)))
     assert _in_fresh_process({"JAXSCHED_CPU_DEVICES": "3"}) == "3"
     assert _in_fresh_process({"XLA_FLAGS": "--xla_force_host_platform_device_count=5"}) == "5"  # the user's choice

@@ -217,6 +217,88 @@ def test_run_json(capsys):
     assert end.max() == pytest.approx(doc["makespan_ns"], abs=1e-3)
 
 
+def _run_json(capsys, *argv: str) -> dict:
+    rc, out, err = run_cli(capsys, "run", *argv, "--json")
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def test_run_clock_map_per_enabled_sm_or_per_slot(capsys, tmp_path):
+    """`--clocks` takes one MHz value per enabled SM (132) or per SM slot of the die (144, the
+    floorswept slots last): the same run either way; the summary has each SM's clock, GPC, CTAs
+    and busy time, and their sums per GPC."""
+    mhz = np.linspace(1500, 1980, 132).round()
+    np.save(tmp_path / "enabled.npy", mhz)
+    (tmp_path / "slots.csv").write_text("# %smid order\n" + ",".join(f"{v:g}" for v in np.r_[mhz, np.zeros(12)]))
+    kernel = str(KERNELS / "compute_bound.toml")
+    doc = _run_json(capsys, kernel, "--clocks", str(tmp_path / "enabled.npy"))
+    assert _run_json(capsys, kernel, "--clocks", str(tmp_path / "slots.csv")) == doc
+    assert doc["sm_clock_mhz"] == mhz.tolist()
+    gpc, busy, ctas = (np.asarray(doc[k]) for k in ("sm_gpc", "sm_busy_ns", "ctas_per_sm"))
+    assert gpc.tolist() == np.asarray(presets.get("h200").sm_gpc)[:132].tolist()
+    assert [row["gpc"] for row in doc["gpcs"]] == list(range(8))
+    for row in doc["gpcs"]:
+        m = gpc == row["gpc"]
+        assert row["sms"] == m.sum() and row["ctas"] == ctas[m].sum()
+        assert (row["clock_mhz_min"], row["clock_mhz_max"]) == (mhz[m].min(), mhz[m].max())
+        assert row["busy_ns_max"] == busy[m].max()
+    assert busy.max() <= doc["makespan_ns"]
+    # one wave of dependent FMAs: an SM's busy time follows its clock
+    assert busy[np.argmin(mhz)] > 1.2 * busy[np.argmax(mhz)]
+
+
+def test_run_clock_model(capsys):
+    kernel = str(KERNELS / "compute_bound.toml")
+    a, b, c = (_run_json(capsys, kernel, "--clock-model", "variation", "--sigma", "0.1", "--seed", seed)
+               for seed in ("3", "3", "4"))
+    assert a == b and a["sm_clock_mhz"] != c["sm_clock_mhz"]
+    f = np.asarray(a["sm_clock_mhz"])
+    assert f.max() <= 1980 and 0.03 < f.std() / f.mean() < 0.2 and np.all(f % 15 == 0)  # binned to 15 MHz
+    g = _run_json(capsys, kernel, "--clock-model", "gaussian", "--sigma", "0.05", "--clock-ghz", "1.7")
+    assert abs(np.median(g["sm_clock_mhz"]) - 1700) < 50
+    rc, out, _ = run_cli(capsys, "run", kernel, "--clock-model", "gaussian", "--sigma", "0.05")
+    assert rc == 0 and "per GPC" in out and len(re.findall(r"^    GPC \d", out, flags=re.M)) == 8
+    assert re.search(r"SMs at 1\.\d+\.\.1\.980 GHz", out), out
+
+
+@pytest.mark.parametrize("case", ["short map", "GHz map", "map and model", "map and clock", "sigma alone",
+                                  "model without sigma", "unknown model", "negative seed"])
+def test_run_bad_clock_options_one_line_exit_2(capsys, tmp_path, case):
+    np.save(tmp_path / "short.npy", np.full(100, 1900.0))
+    np.save(tmp_path / "ghz.npy", np.full(132, 1.9))
+    kernel = str(KERNELS / "compute_bound.toml")
+    argv, words = {
+        "short map": (["--clocks", str(tmp_path / "short.npy")], ["100 values", "144", "132", "%smid"]),
+        "GHz map": (["--clocks", str(tmp_path / "ghz.npy")], ["MHz"]),
+        "map and model": (["--clocks", str(tmp_path / "ghz.npy"), "--clock-model", "gaussian"], ["--clocks"]),
+        "map and clock": (["--clocks", str(tmp_path / "ghz.npy"), "--clock-ghz", "1.5"], ["--clock-ghz"]),
+        "sigma alone": (["--sigma", "0.1"], ["--sigma", "--clock-model"]),
+        "model without sigma": (["--clock-model", "gaussian"], ["--sigma"]),
+        "unknown model": (["--clock-model", "flat", "--sigma", "0.1"], ["flat", "gaussian", "variation"]),
+        "negative seed": (["--clock-model", "gaussian", "--sigma", "0.1", "--seed", "-1"], ["seed", "-1"]),
+    }[case]
+    rc, out, err = run_cli(capsys, "run", kernel, *argv)
+    assert rc == 2 and out == "" and "Traceback" not in err
+    assert len(err.splitlines()) == 1 and all(w in err for w in words), err
+
+
+def test_run_names_the_binding_bound(capsys):
+    """A memory-bound kernel is measured against DRAM bandwidth, not issue slots; a chain of
+    short kernels in a stream against its launch calls. Every bound is at or below the run."""
+    doc = _run_json(capsys, str(KERNELS / "memory_bound.toml"))
+    assert doc["binding_bound"] == "dram_bandwidth" and set(doc["bounds_ns"]) == {
+        "dram_bandwidth", "l2_bandwidth", "issue_slots"}
+    assert all(v <= doc["makespan_ns"] for v in doc["bounds_ns"].values())
+    assert 0 <= doc["above_binding_percent"] < 5
+    rc, out, _ = run_cli(capsys, "run", str(KERNELS / "memory_bound.toml"))
+    line = next(l for l in out.splitlines() if l.strip().startswith("bound"))
+    assert re.search(r"bound\s+: DRAM bandwidth, [\d.]+ ns; makespan \+\d\.\d% above it \(also L2 bandwidth", line), line
+    chain = _run_json(capsys, str(ROOT / "examples" / "workloads" / "chain_stream.toml"))
+    assert chain["binding_bound"] == "launch" and "issue_slots" in chain["bounds_ns"]
+    assert all(v <= chain["makespan_ns"] for v in chain["bounds_ns"].values())
+    assert chain["above_binding_percent"] < 5
+
+
 # --------------------------------------------------------------------------- console script
 
 

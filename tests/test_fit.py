@@ -141,6 +141,21 @@ def test_engine_inputs_of_the_learned_families():
     assert cl == {"dispatch": "closed_loop", "ema_alpha": 0.5, "ema_prior_ns": pytest.approx(1000.0)}
 
 
+def test_per_sm_inputs_per_enabled_sm():
+    """The surrogate's per-SM inputs take one value per enabled SM (132 on the H200) as well as
+    one per SM slot of the die (144)."""
+    h200 = js.presets.get("h200")
+    on = np.asarray(h200.sm_enabled)
+    mhz = np.asarray(js.clocks.gaussian(h200, 0, 1.8, 0.1).sm_freq_mhz)
+    for a, b in zip(jax.tree.leaves(sg.dispatch_params(h200, mhz)), jax.tree.leaves(sg.dispatch_params(h200, mhz[on]))):
+        np.testing.assert_array_equal(a, b)
+    weights = [dispatch_fit.engine_inputs("weighted", {"gamma": 2.0}, h200, m, 500.0)["dispatch_weight"]
+               for m in (mhz, mhz[on])]
+    np.testing.assert_array_equal(*weights)
+    with pytest.raises(js.JaxschedError, match="144 .one per SM slot.* or 132 .one per enabled SM"):
+        sg.dispatch_params(h200, mhz[:100])
+
+
 SPEC = """
 title = "tiny dispatch fit"
 arch = "small.toml"

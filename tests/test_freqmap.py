@@ -373,8 +373,43 @@ def test_from_file_round_trip(h200, tmp_path):
     with pytest.raises(js.JaxschedError, match="SM 3"):
         fm.from_file(h200, tmp_path / "neg.npy")
     (tmp_path / "map.txt").write_text("1 2 3")
-    with pytest.raises(js.JaxschedError, match=".npy or .csv"):
+    with pytest.raises(js.JaxschedError, match=r"\.npy, \.csv, \.toml"):
         fm.from_file(h200, tmp_path / "map.txt")
     (tmp_path / "words.csv").write_text("fast,slow\n")
     with pytest.raises(js.JaxschedError, match="numbers only"):
         fm.from_file(h200, tmp_path / "words.csv")
+    (tmp_path / "map.toml").write_text(f"sm_freq_mhz = {f[on].round(1).tolist()}\n")
+    np.testing.assert_allclose(np.asarray(fm.from_file(h200, tmp_path / "map.toml")), f, atol=0.06)
+    (tmp_path / "other.toml").write_text("clocks = [1980]\n")
+    with pytest.raises(js.JaxschedError, match="sm_freq_mhz"):
+        fm.from_file(h200, tmp_path / "other.toml")
+    np.save(tmp_path / "ghz.npy", f[on] / 1000.0)
+    with pytest.raises(js.JaxschedError, match="in MHz"):
+        fm.from_file(h200, tmp_path / "ghz.npy")
+
+
+def test_per_enabled_sm_arrays(h200):
+    """Maps and per-SM parameters given per enabled SM (132 on the H200) equal the die-slot form
+    with the floorswept slots left out."""
+    on = np.asarray(h200.sm_enabled)
+    f = np.asarray(fm.process_variation(jax.random.key(3), h200))
+    np.testing.assert_array_equal(np.asarray(fm.from_array(h200, f[on])), f)
+    current = np.linspace(0.5, 2.0, 144) * on
+    np.testing.assert_array_equal(np.asarray(fm.ir_drop(h200, current_a=current[on])),
+                                  np.asarray(fm.ir_drop(h200, current_a=current)))
+
+
+@pytest.mark.parametrize("model", fm.MODELS)
+def test_random_clocks(h200, model):
+    """One random chip per seed, spread by sigma around the mean, capped at the boost clock."""
+    on = np.asarray(h200.sm_enabled)
+    a, b = (np.asarray(fm.random_clocks(h200, model, s, 1.8, 0.1).sm_freq_mhz)[on] for s in (1, 2))
+    again = np.asarray(fm.random_clocks(h200, model, 1, 1.8, 0.1).sm_freq_mhz)[on]
+    np.testing.assert_array_equal(a, again)
+    assert not np.array_equal(a, b)
+    assert a.max() <= 1980 and 0.03 < a.std() / 1800 < 0.2 and abs(np.median(a) - 1800) < 100
+    flat = np.asarray(fm.random_clocks(h200, model, 1, 1.8, 0.0).sm_freq_mhz)[on]
+    assert np.ptp(flat) == 0 and abs(int(flat[0]) - 1800) <= 15
+    for bad, field in ((dict(seed=-1), "seed"), (dict(model="flat"), "model"), (dict(mean_ghz=0.0), "mean_ghz")):
+        with pytest.raises(js.JaxschedError, match=field):
+            fm.random_clocks(h200, **{"model": model, "seed": 1, "mean_ghz": 1.8, "sigma": 0.1, **bad})

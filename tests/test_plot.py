@@ -1,11 +1,13 @@
 """Plots: each kind renders a non-trivial PNG (and SVG), through the API and `jaxsched plot`, on
-grid sweeps and on a Latin-hypercube design sweep (crossed with a grid)."""
+grid sweeps and on a Latin-hypercube design sweep (crossed with a grid); every text is named
+for a reader and inside the figure; files are recognised by content, not by name."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import matplotlib.text
 import numpy as np
 import pytest
 import xarray as xr
@@ -190,3 +192,82 @@ def test_cli_plot_defaults_and_errors(out, capsys):
     assert "policy_warp values" in capsys.readouterr().err
     assert main(["plot", str(out), "--kind", "gantt"]) == 2
     assert "jaxsched run" in capsys.readouterr().err
+
+
+def _texts(monkeypatch, draw) -> list[str]:
+    """Every visible text of the figure `draw()` makes, each checked to lie inside the figure."""
+    figs = []
+    monkeypatch.setattr(plot, "_save", lambda fig, out: figs.append(fig) or Path(out))
+    draw()
+    (fig,) = figs
+    fig.set_dpi(120)  # as `plot._save` writes it
+    fig.canvas.draw()
+    renderer, box = fig.canvas.get_renderer(), fig.bbox
+    undrawn = set()  # labels of ticks outside an axis's view: matplotlib keeps but does not draw them
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            lo, hi = sorted(axis.get_view_interval())
+            undrawn |= {id(label) for tick in axis.get_major_ticks() if not lo - 1e-9 <= tick.get_loc() <= hi + 1e-9
+                        for label in (tick.label1, tick.label2)}
+    texts = []
+    for t in fig.findobj(matplotlib.text.Text):
+        if not t.get_text() or not t.get_visible() or (t.axes is not None and not t.axes.get_visible()) \
+                or id(t) in undrawn:
+            continue
+        bb = t.get_window_extent(renderer)
+        assert box.x0 - 1 <= bb.x0 and bb.x1 <= box.x1 + 1 and box.y0 - 1 <= bb.y0 and bb.y1 <= box.y1 + 1, \
+            f"cut off: {t.get_text()!r}"
+        texts.append(t.get_text())
+    return texts
+
+
+@pytest.mark.parametrize("kind", ["makespan", "makespan design", "floorplan", "stalls"])
+def test_figures_name_things_for_a_reader(monkeypatch, ds, design_out, kind):
+    """Dimensions and values as the docs name them, not raw variable names; titles inside."""
+    draw = {
+        "makespan": lambda: plot.makespan(ds, "m.png"),
+        "makespan design": lambda: plot.makespan(sweep.open_result(design_out), "d.png"),
+        "floorplan": lambda: plot.floorplan(ds, "f.png", sel={"policy_warp": "lrr", "clocks_sigma": 0.05}),
+        "stalls": lambda: plot.stalls(ds, "s.png"),
+    }[kind]
+    text = "\n".join(_texts(monkeypatch, draw))
+    for raw in ("policy_warp", "clocks_sigma", "sm_utilisation", "replicate", "=lrr", "=gto"):
+        assert raw not in text, raw
+    assert "kernel makespan (µs)" in text if kind.startswith("makespan") else "warp policy" in text
+    assert "warp policy" in text and "LRR" in text
+
+
+def test_labels_from_cf_attributes_and_swept_paths(ds):
+    assert plot.label(ds, "makespan_ns") == "kernel makespan (ns)"
+    assert plot.label(ds, "sm_freq_mhz") == "SM clock (MHz)"
+    assert plot.label(ds, "clocks_sigma") == "per-SM clock spread σ"
+    assert plot.label(ds, "kernel_block_ghz") == "kernel block (GHz)"  # not in the dataset: the unit suffix
+    assert [plot.value_text(v) for v in ("lrr", "round_robin", 0.05, True)] == ["LRR", "round robin", "0.05", "on"]
+
+
+def test_cli_recognises_files_by_content(out, tmp_path, capsys):
+    """A run's JSON trace under any name draws its Gantt chart, a sweep's netCDF under any name
+    its makespan; anything else is one line naming the file, exit 2."""
+    kfile = tmp_path / "k.toml"
+    kfile.write_text(KERNEL)
+    assert main(["run", str(kfile), "--json"]) == 0
+    renamed = tmp_path / "trace.txt"
+    renamed.write_text(capsys.readouterr().out)
+    assert main(["plot", str(renamed)]) == 0
+    _nontrivial(tmp_path / "gantt.png")
+    nc = tmp_path / "result.dat"
+    nc.write_bytes((out / sweep.NETCDF).read_bytes())
+    assert main(["plot", str(nc), "-o", str(tmp_path / "m.png")]) == 0
+    _nontrivial(tmp_path / "m.png")
+    capsys.readouterr()
+    rng = np.random.default_rng(0)
+    cases = {"random.bin": rng.bytes(4000), "notes.nc": b"makespan 3.7 us\n", "v3.nc": b"CDF\x01" + rng.bytes(100),
+             "half.json": b'{"cta_trace": ', "other.json": b'{"makespan_ns": 1.0}'}
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+        assert main(["plot", str(tmp_path / name)]) == 2, name
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and "Traceback" not in err and name in err, err
+    assert main(["plot", str(renamed), "--kind", "floorplan"]) == 2
+    assert "gantt" in capsys.readouterr().err
+

@@ -21,10 +21,11 @@ from jax.sharding import Mesh
 from jaxtyping import Array, ArrayLike, Bool, Float, Int
 
 from .. import clocks as clocks_mod
+from .. import compile_cache
 from ..arch import Arch
 from ..clocks import Clocks
 from ..dvfs import MODES, Dvfs, off, validate_dvfs
-from ..errors import JaxschedError, check
+from ..errors import JaxschedError, check, is_traced
 from ..kernel import MAX_TRIPS, Kernel
 from ..lower import (DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, policy_index, policy_indices,
                      shapes_for, validate, validate_dispatch)
@@ -179,15 +180,16 @@ def _lower_config(
 
     if isinstance(kernel, WorkloadInput):
         launch, per, launches = _lower_workload(kernel, lower_one, shapes)
-        return _prepare(_guarded(launch, kernel.kernels), shapes, per, launches)
+        return _prepare(_guarded(launch, kernel.kernels) if shapes.guarded else launch, shapes, per, launches)
     launch = lower_one(kernel)
-    return _prepare(_guarded(launch, (kernel,)), shapes, None, single(launch, shapes))
+    return _prepare(_guarded(launch, (kernel,)) if shapes.guarded else launch, shapes, None, single(launch, shapes))
 
 
 def _guarded(launch: Launch, kernels: Sequence[Kernel]) -> Launch:
     """The engine's last guard on values that were traced when the configuration was built (the
     modules check concrete ones): a run whose clocks, trip counts or probabilities could only
-    give wrong numbers or never end raises at run time (`equinox.error_if`) instead."""
+    give wrong numbers or never end raises at run time (`equinox.error_if`) instead. Left out
+    where every value was concrete (`Shapes.guarded`)."""
     enabled = launch.sm_enabled
     bad_clock = (launch.tick_mhz < 1) | jnp.any(enabled & ((launch.sm_freq_mhz < 1)
                                                            | (launch.sm_freq_mhz > clocks_mod.MAX_MHZ)))
@@ -290,6 +292,7 @@ def _in_chunks(fn: Callable[..., Result], config: tuple, chunk: int) -> Result:
     return jax.tree.map(lambda y: y.reshape(n_chunks * chunk, *y.shape[2:])[:n], out)
 
 
+@compile_cache.stored
 @functools.partial(jax.jit, static_argnames=("shapes", "max_ticks", "batched", "chunk", "mesh"))
 def _compiled(*config, shapes: Shapes, max_ticks: int, batched: bool, chunk: int | None = None,
               mesh: Mesh | None = None):
@@ -434,6 +437,8 @@ def simulate(
     else:
         validate(arch, kernel, clocks)
         shapes = shapes_for(arch, kernel)
+    given = (arch, kernel, clocks, warp_policy, dispatch, dispatch_start, dispatch_weight, ema_alpha, ema_prior_ns, dvfs)
+    shapes = dataclasses.replace(shapes, guarded=any(is_traced(x) for x in jax.tree.leaves(given)))
     check(isinstance(dispatch_start, (int, np.integer)) and 0 <= dispatch_start < 2**31,
           "dispatch_start", dispatch_start, "an integer in 0 .. 2^31 - 1")
     wp = np.int32(policy_index(warp_policy, WARP_POLICIES, "warp_policy"))
@@ -552,6 +557,7 @@ def simulate_batch(
     check(chunk is None or (isinstance(chunk, (int, np.integer)) and 1 <= chunk <= 2**31 - 1), "chunk", chunk,
           "an integer in 1 .. 2^31 - 1, or None")
     chunk = default_chunk(shapes) if chunk is None else int(chunk)
+    shapes = dataclasses.replace(shapes, guarded=False)  # a batch is stacked in numpy: every value concrete, checked
     as_i32 = lambda v: np.broadcast_to(np.asarray(v, dtype=np.int32), (n,))  # noqa: E731
     warp_policy = policy_indices(as_i32(warp_policy), WARP_POLICIES, "warp_policy")
     dispatch = policy_indices(as_i32(dispatch), DISPATCH_POLICIES, "dispatch")

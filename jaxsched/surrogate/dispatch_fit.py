@@ -31,6 +31,7 @@ import optax
 from jaxtyping import Array, Float, Int
 
 from ..arch import Arch
+from ..clocks import per_slot
 from ..errors import check
 from .launch import DispatchParams, SurrogateLaunch
 from .relax import schedule
@@ -99,7 +100,7 @@ def engine_inputs(family: str, theta: dict[str, float], arch: Arch, sm_freq_mhz:
     `closed_loop_per_sm` gives a per-SM `ema_prior_ns`, which the engine does not take yet
     (docs/surrogate.md, "Proposal")."""
     enabled = np.asarray(arch.sm_enabled)
-    f = np.where(enabled, np.asarray(sm_freq_mhz, np.float64), np.nan)
+    f = np.where(enabled, per_slot(arch, np.asarray(sm_freq_mhz, np.float64), "sm_freq_mhz"), np.nan)
     log_speed = np.where(enabled, np.log(f / np.nanmean(f)), 0.0)
     if family == "weighted":
         w = np.clip(np.rint(WEIGHT_SCALE * np.exp(float(theta["gamma"]) * log_speed)), 1, 2**15)

@@ -133,9 +133,9 @@ def stack_launches(launches: Sequence[SurrogateLaunch]) -> SurrogateLaunch:
 
 def make_launch(arch: Arch, kernel: Kernel, sm_freq_mhz: ArrayLike, work: Work,
                 dispatch_start: int = 0) -> SurrogateLaunch:
-    """The surrogate's view of one launch (clocks as a float array, one per SM slot)."""
-    f = np.asarray(sm_freq_mhz, np.float32)
-    check(f.shape == (arch.n_sm_slots,), "sm_freq_mhz", f"shape {f.shape}", f"({arch.n_sm_slots},)")
+    """The surrogate's view of one launch (clocks as a float array, one per SM slot or one per
+    enabled SM: `clocks.lengths_hint`)."""
+    f = clocks_mod.per_slot(arch, np.asarray(sm_freq_mhz, np.float32), "sm_freq_mhz")
     enabled = np.asarray(arch.sm_enabled)
     check(bool(np.all(f[enabled] > 0)), "sm_freq_mhz", float(f[enabled].min()), "> 0 on every enabled SM")
     check(int(np.sum(np.asarray(work.valid))) == int(kernel.grid_ctas), "work",
@@ -155,9 +155,11 @@ def make_launch(arch: Arch, kernel: Kernel, sm_freq_mhz: ArrayLike, work: Work,
 
 def dispatch_params(arch: Arch, sm_freq_mhz: ArrayLike, dispatch_weight: ArrayLike | None = None,
                     ema_alpha: float = 0.25, ema_prior_ns: ArrayLike = 0.0) -> DispatchParams:
-    """The engine's dispatch inputs as surrogate parameters (weights default to the clocks)."""
-    f = np.asarray(sm_freq_mhz, np.float32)
-    w = f if dispatch_weight is None else np.asarray(dispatch_weight, np.float32)
+    """The engine's dispatch inputs as surrogate parameters (weights default to the clocks; per-SM
+    arrays per SM slot or per enabled SM)."""
+    f = clocks_mod.per_slot(arch, np.asarray(sm_freq_mhz, np.float32), "sm_freq_mhz")
+    w = f if dispatch_weight is None else clocks_mod.per_slot(arch, np.asarray(dispatch_weight, np.float32),
+                                                              "dispatch_weight")
     enabled = np.asarray(arch.sm_enabled)
     return DispatchParams(
         weight=jnp.asarray(np.where(enabled, np.maximum(w, 1.0), 1.0)),
