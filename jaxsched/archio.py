@@ -142,7 +142,7 @@ def fields_from_dict(doc: dict, source: str = "<dict>") -> dict:
         check(key in known, f"{source}: {key}", doc[key], f"unknown key; expected one of {sorted(known)}")
     for key in _TOP:
         if key in doc:
-            fields[key] = doc[key]
+            fields[key] = _fits_int32(doc[key], f"{source}: {key}")
     if "sm" in doc and "hierarchy" in doc:
         raise JaxschedError(f"{source}: sm", "both [sm] and [hierarchy]", "give one of them")
     try:
@@ -159,12 +159,27 @@ def fields_from_dict(doc: dict, source: str = "<dict>") -> dict:
         check(isinstance(table, dict), f"{source}: [{section}]", table, "must be a table")
         for key, value in table.items():
             check(key in keys, f"{source}: {section}.{key}", value, f"unknown key; expected one of {list(keys)}")
+            _fits_int32(value, f"{source}: {section}.{key}")
             if key in _PER_OP:
                 value = _per_op(value, f"{source}: {section}.{key}")
             fields[key] = value
     missing = [f for f in FIELDS if f not in fields]
     check(not missing, f"{source}", f"missing {missing}", "every field is required unless `base` names a preset")
     return fields
+
+
+def _fits_int32(value: object, field: str) -> object:
+    """`value`, after checking that every integer in it (in lists and tables too) fits the int32
+    the arch holds: a larger one would overflow in numpy and be reported without its field."""
+    if isinstance(value, dict):
+        for v in value.values():
+            _fits_int32(v, field)
+    elif isinstance(value, list):
+        for v in value:
+            _fits_int32(v, field)
+    elif isinstance(value, int) and not isinstance(value, bool):
+        check(-(2**31) <= value <= 2**31 - 1, field, value, "an integer in -2^31 .. 2^31 - 1 (int32)")
+    return value
 
 
 def _build(make: Callable[..., Arch | ArchValues], fields: dict, source: str) -> Arch | ArchValues:

@@ -28,6 +28,7 @@ class JaxschedError(ValueError):
         self.field = field
         self.value = value
         self.limit = limit
+        self.hint = hint
         message = f"{field} = {value!r}: {limit}"
         if hint:
             message += f" ({hint})"
@@ -104,7 +105,7 @@ def check_ints(x: object, field: str, low: int, high: int, limit: str = "", rank
         return
     a = np.asarray(x)
     what = limit or f"an integer in {low} .. {high}"
-    check(a.dtype.kind in "iu", field, a.tolist() if a.ndim == 0 else f"dtype {a.dtype}", what)
+    check(a.dtype.kind in "iu", field, a.tolist() if a.size <= 8 else f"dtype {a.dtype}", what)
     check_values(a, field, lambda v: (v >= low) & (v <= high), what, rank)
 
 

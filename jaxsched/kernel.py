@@ -416,7 +416,10 @@ def kernel_from_dict(doc: dict, source: str = "<dict>") -> Kernel:
     for key in ("program", "grid", "threads"):
         check(key in table, f"{source}: kernel.{key}", None, "required")
     args = {k: v for k, v in table.items() if k != "program"}
-    return make_kernel(table["program"], **args)
+    try:
+        return make_kernel(table["program"], **args)
+    except JaxschedError as exc:  # the value's field, in the file it came from
+        raise JaxschedError(f"{source}: kernel.{exc.field}", exc.value, exc.limit, exc.hint) from None
 
 
 def load_kernel(path: str | Path) -> Kernel:

@@ -1348,7 +1348,9 @@ def describe(path: str | Path) -> str:
         layout = store_layout(ds)
         done, _ = read_done(p, layout)
         chunks = layout.done_chunks(done)
-        state = "complete" if done.all() else "unfinished (continue with --resume)"
+        # info reads the done table only; the chunks' data is verified by `jaxsched check`
+        state = ("complete by its done table (`jaxsched check` verifies the data)" if done.all()
+                 else "unfinished (continue with --resume)")
         lines.append(f"  completion  : {int(chunks.sum())}/{layout.n_chunks} chunks of shape {layout.block}, "
                      f"{int(done.sum())}/{done.size} configurations, {state}")
     else:

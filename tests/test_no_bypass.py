@@ -19,8 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import jaxsched as js
+from jaxsched import archio
 from jaxsched import dvfs as dvfs_mod
 from jaxsched.engine.run import simulate_batch
+from jaxsched.kernel import load_kernel
 
 from helpers import small_arch
 
@@ -182,3 +184,27 @@ def test_every_field_refuses_bad_values(data):
     _raises(lambda: module.replace(**{field: value}), field)
     bypassed = eqx.tree_at(lambda m: getattr(m, field), module, value)
     _raises(lambda: _run(**{which: bypassed}), field)
+
+
+@pytest.mark.parametrize("field, index", [("warp_policy", 3), ("dispatch", 4), ("dispatch_start", 5)])
+@pytest.mark.parametrize("value", [10**22, 1e22, -1, 2.0])
+def test_batch_policy_indices_fit_int32(field, index, value):
+    """A batch's per-configuration integers are checked before the cast to int32 that would
+    overflow (a traceback) or wrap (a different policy or SM order)."""
+    args = [[ARCH], [KERNEL], [CLOCKS], [0], [0], [0]]
+    args[index] = [value]
+    _raises(lambda: simulate_batch(*args), field)
+
+
+def test_arch_and_kernel_files_name_the_field_and_file(tmp_path):
+    """TOML integers past int32 name their field (not "bad value"), and a kernel file's bad
+    value names the file."""
+    arch_file = tmp_path / "arch.toml"
+    arch_file.write_text(archio.dumps(js.presets.get("h200")).replace(
+        "max_blocks_per_sm = 32", "max_blocks_per_sm = 10000000000000000000000"))
+    error = _raises(lambda: archio.load(arch_file), "limits.max_blocks_per_sm")
+    assert str(arch_file) in error.field
+    kernel_file = tmp_path / "kernel.toml"
+    kernel_file.write_text('[kernel]\ngrid = 4\nthreads = 64\nprogram = "loop 3000000000\\n fma dep\\nend"\n')
+    error = _raises(lambda: load_kernel(kernel_file), "kernel.program")
+    assert str(kernel_file) in error.field

@@ -25,7 +25,7 @@ from .. import compile_cache
 from ..arch import Arch
 from ..clocks import Clocks
 from ..dvfs import MODES, Dvfs, off, validate_dvfs
-from ..errors import JaxschedError, check, is_traced
+from ..errors import JaxschedError, check, check_ints, is_traced
 from ..kernel import MAX_TRIPS, Kernel
 from ..lower import (DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, policy_index, policy_indices,
                      shapes_for, validate, validate_dispatch)
@@ -484,6 +484,15 @@ def stack(items: Sequence[eqx.Module]) -> eqx.Module:
     return jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *items)
 
 
+def _int32s(values: ArrayLike, field: str, n: int, low: int = -(2**31)) -> np.ndarray:
+    """A batch's per-configuration integers (one value for all, or one per configuration) as
+    int32, each checked against `low .. 2^31 - 1` before the cast could wrap or overflow."""
+    a = np.asarray(values)
+    check(a.ndim == 0 or a.shape == (n,), field, f"shape {a.shape}", f"one value, or one per configuration ({n})")
+    check_ints(a, field, low, 2**31 - 1)
+    return np.broadcast_to(a.astype(np.int32), (n,))
+
+
 def simulate_batch(
     archs: Sequence[Arch],
     kernels: Sequence[Kernel] | Sequence[Workload],
@@ -559,8 +568,9 @@ def simulate_batch(
     chunk = default_chunk(shapes) if chunk is None else int(chunk)
     shapes = dataclasses.replace(shapes, guarded=False)  # a batch is stacked in numpy: every value concrete, checked
     as_i32 = lambda v: np.broadcast_to(np.asarray(v, dtype=np.int32), (n,))  # noqa: E731
-    warp_policy = policy_indices(as_i32(warp_policy), WARP_POLICIES, "warp_policy")
-    dispatch = policy_indices(as_i32(dispatch), DISPATCH_POLICIES, "dispatch")
+    warp_policy = policy_indices(_int32s(warp_policy, "warp_policy", n), WARP_POLICIES, "warp_policy")
+    dispatch = policy_indices(_int32s(dispatch, "dispatch", n), DISPATCH_POLICIES, "dispatch")
+    dispatch_start = _int32s(dispatch_start, "dispatch_start", n, low=0)
     weights = [None] * n if dispatch_weight is None else list(dispatch_weight)
     alphas = np.broadcast_to(np.asarray(ema_alpha, dtype=np.float32), (n,))
     priors = np.broadcast_to(np.asarray(ema_prior_ns, dtype=np.float32), (n,))
