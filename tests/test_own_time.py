@@ -91,7 +91,7 @@ def _batch_args(cfgs: list[dict]) -> tuple[tuple, dict]:
     return args, kw
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfgs=st.lists(multi_wave_configurations(trips=(150, 400), dvfs_periods_us=(20.0, 50.0),
                                                                split_branches=False), min_size=3, max_size=3))
 def test_own_time_equals_the_chips_tick_on_long_loops(cfgs: list[dict]) -> None:
