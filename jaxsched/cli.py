@@ -144,7 +144,7 @@ def _load_run_input(path: str):
     doc = tomldoc.read(path, "kernel file")
     if "workload" in doc:
         return workload_from_dict(doc, str(path), Path(path).parent)
-    return kernel_from_dict(doc, str(path))
+    return kernel_from_dict(doc, str(path), Path(path).parent)
 
 
 def _run_clocks(args: argparse.Namespace, arch: Arch):

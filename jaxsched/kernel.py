@@ -1,10 +1,12 @@
 """`Kernel`: a CUDA kernel launch as the simulator sees it.
 
-A grid of identical CTAs, their resources (threads, registers, shared memory) and one warp
+A grid of CTAs of one shape, their resources (threads, registers, shared memory) and one warp
 program written in a small instruction set (`isa.Op`) with at most one loop and at most one
 divergent if/else region. Per-CTA and per-warp variation (load imbalance, divergent loops,
 branch outcomes) comes from counter-based hashes of (seed, CTA, warp), so a kernel is a few
-numbers however large its grid, and every number is a traced leaf that can be swept.
+numbers however large its grid, and every number is a traced leaf that can be swept; or, where
+the work depends on the kernel's data, from arrays the user gives: the loop's trip count and the
+branch's lanes per CTA or per warp (`loop @rows`, `if @mask`).
 
 Programs are written in a tiny text form (also the TOML `program` field):
 
@@ -23,6 +25,13 @@ Programs are written in a tiny text form (also the TOML `program` field):
 
 See docs/model.md for what each instruction does, cycle by cycle.
 
+Work from data: `loop @rows` takes each warp's trip count from the array `rows` and `if @mask`
+each warp's if-path lanes from the array `mask` (`make_kernel(..., arrays={"rows": a})`, or the
+TOML's `[kernel.arrays]`: inline lists or `.npy` files). An array has one entry per CTA (shape
+`[grid]`, the same for each of its warps) or per warp (`[grid, warps_per_cta]`). Trip counts are
+integers in 0 .. MAX_TRIPS; a branch array holds booleans (the whole warp takes the if-path, or
+none of it) or integer lane masks (bit `l` set: lane `l` takes it).
+
 Launch modes: `gsync` (a program line) is a grid-wide barrier, cooperative groups'
 `grid.sync()`; it needs a cooperative launch (`cooperative=True`: every CTA co-resident) and
 excludes `bar` in the same program. A persistent kernel (`work_items=N`) is a grid of
@@ -33,6 +42,7 @@ running a fixed trip count.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 
 import equinox as eqx
@@ -49,6 +59,7 @@ MAX_TRIPS = 2**24 - 1  # trip counts share a 32-bit word with the if-lanes (engi
 MAX_LDG_BYTES = 4096
 MAX_GRID_SYNC_NS = 1e6
 MAX_WORK_ITEMS = 2**30 - 1
+MAX_WARPS = 32  # warps per CTA at most (1024 threads): the columns of a data table
 
 
 class Kernel(eqx.Module):
@@ -90,6 +101,14 @@ class Kernel(eqx.Module):
     grid_sync_ns: Float[Array, ""]  # cost of one grid.sync() after the last warp arrives
     work_items: Int[Array, ""]  # persistent kernel: global work-queue length (0: off)
 
+    # work from data (docs/model.md section 4): row c holds CTA c's warps (columns past the CTA's
+    # warps are 0; rows past the grid are padding). Without data a table has one row of zeros,
+    # and the hashes decide.
+    trips_from_data: Bool[Array, ""]  # the loop's trip counts are `trips_data`
+    trips_data: Int[Array, "cta 32"]
+    if_from_data: Bool[Array, ""]  # the if-path lanes are `if_data`'s lane masks
+    if_data: Int[Array, "cta 32"]  # int32 bit patterns: bit l set, lane l takes the if-path
+
     def __check_init__(self) -> None:
         validate_kernel(self)
 
@@ -129,11 +148,27 @@ def validate_kernel(kernel: Kernel, where: str = "kernel") -> None:
     check_ints(kernel.op, f("op"), 0, N_OPS - 1, f"an instruction class 0 .. {N_OPS - 1} (isa.Op)", rank=1)
     check_ints(kernel.bank_ways, f("bank_ways"), 1, 32, "bank-conflict ways in 1 .. 32", rank=1)
     check_ints(kernel.bytes_per_warp, f("bytes_per_warp"), 0, MAX_LDG_BYTES, rank=1)
+    for name in ("trips_from_data", "if_from_data"):
+        check_bools(getattr(kernel, name), f(name))
+    for name in ("trips_data", "if_data"):
+        shape = np.shape(getattr(kernel, name))
+        check(len(shape) >= 2 and shape[-1] == MAX_WARPS, f(name), f"shape {shape}",
+              f"a table [rows, {MAX_WARPS}]: a row per CTA, a column per warp")
+    check_ints(kernel.trips_data, f("trips_data"), 0, MAX_TRIPS, f"trip counts in 0 .. {MAX_TRIPS}", rank=2)
+    check_ints(kernel.if_data, f("if_data"), INT32_MIN, INT32_MAX, "32-bit lane masks", rank=2)
     leaves = (kernel.op, kernel.dep, kernel.bytes_per_warp, kernel.bank_ways, kernel.grid_sync, kernel.trips,
               kernel.trips_cta_spread, kernel.trips_warp_spread, kernel.loop_start, kernel.loop_end,
-              kernel.branch_start, kernel.branch_mid, kernel.branch_end)
+              kernel.branch_start, kernel.branch_mid, kernel.branch_end, kernel.grid_ctas, kernel.work_items,
+              kernel.trips_from_data, kernel.if_from_data)
     if any(is_traced(x) for x in leaves):
         return
+    for name in ("trips", "if"):
+        on, rows = np.asarray(getattr(kernel, f"{name}_from_data")), np.shape(getattr(kernel, f"{name}_data"))[-2]
+        check_values(np.asarray(kernel.grid_ctas), f(f"{name}_data"), lambda g: ~on | (rows >= g),
+                     f"a row per CTA: {rows} rows for the grid")
+    check_values(np.asarray(kernel.work_items), f("work_items"),
+                 lambda w: (w == 0) | ~np.asarray(kernel.trips_from_data),
+                 "a persistent kernel's loop takes its trips from the work queue, not from data")
     op = np.asarray(kernel.op)
     n = op.shape[-1]
     for name in ("dep", "bytes_per_warp", "bank_ways", "grid_sync"):
@@ -182,8 +217,9 @@ class Instr:
 
 @dataclasses.dataclass
 class _Structure:
-    loop: tuple[int, int, int, int, int] | None = None  # start, end, trips, cta, warp spreads
-    branch: tuple[int, int, int, float] | None = None  # start, mid, end, probability
+    # start, end, trips (a number, or the name of an array), cta, warp spreads
+    loop: tuple[int, int, int | str, int, int] | None = None
+    branch: tuple[int, int, int, float | str] | None = None  # start, mid, end, probability or array name
 
 
 def parse_program(text: str) -> tuple[list[Instr], _Structure]:
@@ -205,15 +241,23 @@ def parse_program(text: str) -> tuple[list[Instr], _Structure]:
             check(struct.loop is None and not any(s[0] == "loop" for s in stack), where, line,
                   "at most one loop per program")
             check(not stack, where, line, "a loop cannot sit inside an if/else")
-            trips, opts = _args(rest, where, ("cta_spread", "warp_spread"))
+            if rest and rest[0].startswith("@"):
+                check(len(rest) == 1, where, line, "`loop @NAME` takes its trip counts from the array NAME, "
+                      "without spreads")
+                trips, opts = _array_name(rest[0], where), {}
+            else:
+                trips, opts = _args(rest, where, ("cta_spread", "warp_spread"))
             stack.append(("loop", len(instrs), (trips, opts.get("cta_spread", 0), opts.get("warp_spread", 0)),
                           lineno))
         elif head == "if":
             check(struct.branch is None and not any(s[0] in ("if", "else") for s in stack), where,
                   line, "at most one if/else per program")
-            check(len(rest) == 1, where, line, "`if P` takes one lane probability")
-            p = _number(rest[0], where, float)
-            check(0.0 <= p <= 1.0, where, p, "the if-probability must be in [0, 1]")
+            check(len(rest) == 1, where, line, "`if P` takes one lane probability (or `if @NAME` an array)")
+            if rest[0].startswith("@"):
+                p = _array_name(rest[0], where)
+            else:
+                p = _number(rest[0], where, float)
+                check(0.0 <= p <= 1.0, where, p, "the if-probability must be in [0, 1]")
             stack.append(("if", len(instrs), (p,), lineno))
         elif head == "else":
             check(bool(stack) and stack[-1][0] == "if", where, line, "`else` without `if`")
@@ -269,6 +313,13 @@ def parse_program(text: str) -> tuple[list[Instr], _Structure]:
     return instrs, struct
 
 
+def _array_name(word: str, where: str) -> str:
+    """The array name of an `@NAME` word."""
+    name = word[1:]
+    check(name.isidentifier(), where, word, "`@NAME` names an array: a letter or _, then letters, digits or _")
+    return name
+
+
 def _number(word: str, where: str, kind: type) -> float | int:
     try:
         return kind(word)
@@ -320,6 +371,7 @@ def make_kernel(
     cooperative: bool = False,
     grid_sync_ns: float = 1500.0,
     work_items: int = 0,
+    arrays: Mapping[str, object] | None = None,
 ) -> Kernel:
     """Build a `Kernel` from the program text form and launch parameters.
 
@@ -328,6 +380,7 @@ def make_kernel(
     `cudaLaunchCooperativeKernel` (needed by `gsync`); `grid_sync_ns` is the cost of one grid
     barrier (a lead: ~1-2 us on Hopper); `work_items > 0` makes it a persistent kernel whose
     warps take loop iterations from a global queue (see `resident_grid` for its usual grid).
+    `arrays` holds the arrays the program names (`loop @rows`, `if @mask`; module docstring).
     """
     for field, value, low in (("grid", grid, 1), ("threads", threads, 1), ("regs", regs, 0),
                               ("smem_bytes", smem_bytes, 0), ("static_smem_bytes", static_smem_bytes, 0)):
@@ -354,6 +407,11 @@ def make_kernel(
         instrs = instrs + [Instr(Op.EXIT)] * (pad_to - n)
     loop = struct.loop or (_NO, _NO, 0, 0, 0)
     branch = struct.branch or (_NO, _NO, _NO, 0.0)
+    tables = _data_tables(loop[2], branch[3], {} if arrays is None else arrays, grid, -(-threads // 32))
+    check(work_items == 0 or not isinstance(loop[2], str), "work_items", work_items,
+          "a persistent kernel's loop takes its trips from the work queue, not from an array")
+    loop = loop[:2] + (0 if isinstance(loop[2], str) else loop[2],) + loop[3:]
+    branch = branch[:3] + (0.0 if isinstance(branch[3], str) else branch[3],)
     i32 = lambda v: np.asarray(v, dtype=np.int32)  # noqa: E731
     return Kernel(
         name=name,
@@ -381,7 +439,53 @@ def make_kernel(
         cooperative=np.asarray(bool(cooperative)),
         grid_sync_ns=np.asarray(grid_sync_ns, dtype=np.float32),
         work_items=i32(work_items),
+        **tables,
     )
+
+
+def _data_tables(trips: int | str, branch: float | str, arrays: Mapping[str, object], grid: int,
+                 warps: int) -> dict[str, np.ndarray]:
+    """The `Kernel` data fields for the arrays the program names (`trips`, `branch`: an array
+    name or a number), each checked: its shape, its values, and that every array is used."""
+    check(isinstance(arrays, Mapping), "arrays", type(arrays).__name__, "a mapping of array names to arrays")
+    used = [name for name in (trips, branch) if isinstance(name, str)]
+    for name in arrays:
+        check(name in used, f"arrays.{name}", "unused", f"the program names {used or 'no array'} "
+              "(`loop @NAME`, `if @NAME`)")
+    for name in used:
+        check(name in arrays, f"arrays.{name}", "missing", f"the program names it; give it in arrays= "
+              f"(shape [{grid}] per CTA or [{grid}, {warps}] per warp)")
+    out = {"trips_from_data": np.asarray(False), "trips_data": np.zeros((1, MAX_WARPS), np.int32),
+           "if_from_data": np.asarray(False), "if_data": np.zeros((1, MAX_WARPS), np.int32)}
+    if isinstance(trips, str):
+        out["trips_from_data"] = np.asarray(True)
+        out["trips_data"] = _table(arrays[trips], f"arrays.{trips}", grid, warps, 0, MAX_TRIPS,
+                                   f"trip counts in 0 .. {MAX_TRIPS}")
+    if isinstance(branch, str):
+        a = np.asarray(arrays[branch])
+        if a.dtype == bool:
+            a = np.where(a, -1, 0)
+        elif a.dtype.kind == "u" or (a.dtype.kind == "i" and a.size and a.max() > INT32_MAX):
+            a = a.astype(np.int64)
+            check(bool(np.all((a >= 0) & (a < 2**32))), f"arrays.{branch}", f"{a.min()} .. {a.max()}",
+                  "32-bit lane masks (0 .. 2^32 - 1, or int32 bit patterns)")
+            a = np.where(a > INT32_MAX, a - 2**32, a)
+        out["if_from_data"] = np.asarray(True)
+        out["if_data"] = _table(a, f"arrays.{branch}", grid, warps, INT32_MIN, INT32_MAX,
+                                "booleans or 32-bit lane masks")
+    return out
+
+
+def _table(values: object, field: str, grid: int, warps: int, low: int, high: int, what: str) -> np.ndarray:
+    """A per-CTA `[grid]` or per-warp `[grid, warps]` array as a data table `[grid, MAX_WARPS]`."""
+    a = np.asarray(values)
+    check(a.shape in ((grid,), (grid, warps)), field, f"shape {a.shape}",
+          f"[{grid}] (one value per CTA) or [{grid}, {warps}] (one per warp of each CTA)")
+    check(a.dtype.kind in "iu" or (a.dtype == bool and low == INT32_MIN), field, f"dtype {a.dtype}", what)
+    check_ints(a.astype(np.int64), field, low, high, what, rank=a.ndim)
+    table = np.zeros((grid, MAX_WARPS), np.int32)
+    table[:, :warps] = a.reshape(grid, -1).astype(np.int32)
+    return table
 
 
 def pad_program(kernel: Kernel, n_instr: int) -> Kernel:
@@ -395,6 +499,22 @@ def pad_program(kernel: Kernel, n_instr: int) -> Kernel:
                           grid_sync=pad(kernel.grid_sync, False))
 
 
+def data_rows(kernel: Kernel) -> int:
+    """Rows a (concrete) kernel's data tables need in a compiled simulation: its grid if the
+    program takes anything from data, else 1 (the tables are then never read)."""
+    return int(kernel.grid_ctas) if bool(kernel.trips_from_data) or bool(kernel.if_from_data) else 1
+
+
+def pad_data(kernel: Kernel, rows: int) -> Kernel:
+    """`kernel` with its data tables padded with zero rows, or cut, to `rows` rows (at least
+    `data_rows(kernel)`), so that kernels of one batch share their shapes."""
+    def fit(x: object) -> np.ndarray:
+        a = np.asarray(x)[:rows]
+        return np.concatenate([a, np.zeros((rows - a.shape[0], MAX_WARPS), a.dtype)])
+
+    return kernel.replace(trips_data=fit(kernel.trips_data), if_data=fit(kernel.if_data))
+
+
 def resident_grid(arch, kernel: Kernel) -> int:
     """The number of CTAs that fit on `arch` at once: a persistent or cooperative kernel's grid."""
     from .occupancy import occupancy
@@ -405,11 +525,13 @@ def resident_grid(arch, kernel: Kernel) -> int:
 
 
 _KERNEL_KEYS = ("name", "program", "grid", "threads", "regs", "smem_bytes", "static_smem_bytes",
-                "l2_hit_rate", "seed", "cooperative", "grid_sync_ns", "work_items")
+                "l2_hit_rate", "seed", "cooperative", "grid_sync_ns", "work_items", "arrays")
 
 
-def kernel_from_dict(doc: dict, source: str = "<dict>") -> Kernel:
-    """A `Kernel` from a TOML table with keys `_KERNEL_KEYS` (program and grid, threads required)."""
+def kernel_from_dict(doc: dict, source: str = "<dict>", base_dir: Path | None = None) -> Kernel:
+    """A `Kernel` from a TOML table with keys `_KERNEL_KEYS` (program and grid, threads required).
+    Its `arrays` table holds inline lists or `.npy` files, relative to `base_dir` (default: the
+    working directory)."""
     table = doc.get("kernel", doc)
     for key in table:
         check(key in _KERNEL_KEYS, f"{source}: kernel.{key}", table[key], f"unknown key; expected one of {_KERNEL_KEYS}")
@@ -417,12 +539,38 @@ def kernel_from_dict(doc: dict, source: str = "<dict>") -> Kernel:
         check(key in table, f"{source}: kernel.{key}", None, "required")
     args = {k: v for k, v in table.items() if k != "program"}
     try:
+        if "arrays" in args:
+            args["arrays"] = _read_arrays(args["arrays"], base_dir)
         return make_kernel(table["program"], **args)
     except JaxschedError as exc:  # the value's field, in the file it came from
         raise JaxschedError(f"{source}: kernel.{exc.field}", exc.value, exc.limit, exc.hint) from None
 
 
+def _read_arrays(table: object, base_dir: Path | None) -> dict[str, np.ndarray]:
+    """A TOML `arrays` table: each entry an inline list (of numbers, or of lists per warp) or
+    the path of a `.npy` file."""
+    check(isinstance(table, dict), "arrays", table, "a table of NAME = [values] or NAME = \"file.npy\"")
+    out = {}
+    for name, value in table.items():
+        if isinstance(value, str):
+            path = Path(value) if base_dir is None or Path(value).is_absolute() else base_dir / value
+            check(path.suffix == ".npy", f"arrays.{name}", value, "a .npy file (numpy.save), or an inline list")
+            try:
+                out[name] = np.load(path, allow_pickle=False)
+            except (OSError, ValueError) as exc:
+                raise JaxschedError(f"arrays.{name}", str(path), f"a readable .npy file ({exc})") from None
+        else:
+            check(isinstance(value, list), f"arrays.{name}", value, "an inline list, or a .npy file's path")
+            try:
+                out[name] = np.asarray(value)
+            except ValueError:
+                raise JaxschedError(f"arrays.{name}", "ragged rows", "one value per CTA, or equal rows per warp") \
+                    from None
+    return out
+
+
 def load_kernel(path: str | Path) -> Kernel:
-    """Read a kernel TOML file (a `[kernel]` table; see `sweeps/kernels/`)."""
-    return kernel_from_dict(tomldoc.read(path, "kernel file"), str(path))
+    """Read a kernel TOML file (a `[kernel]` table; see `sweeps/kernels/`); array files are
+    relative to it."""
+    return kernel_from_dict(tomldoc.read(path, "kernel file"), str(path), Path(path).parent)
 

@@ -23,7 +23,7 @@ from .clocks import Clocks, lengths_hint, validate_clocks
 from .dvfs import Dvfs, DvfsLaunch, lower_dvfs, off, tick_mhz as reachable_tick_mhz
 from .errors import INT32_MAX, INT32_MIN, JaxschedError, check, check_floats, check_ints, check_values
 from .isa import Op
-from .kernel import Kernel, validate_kernel
+from .kernel import Kernel, data_rows, validate_kernel
 from .occupancy import check_launch, occupancy
 from .policies import DISPATCH_POLICIES, WARP_POLICIES
 
@@ -51,6 +51,7 @@ class Shapes:
     closed_loop: bool = True  # False when no configuration dispatches by the closed loop: its learning is compiled out
     fast_forward: bool = True  # jump whole periods of an SM's recurring state (docs/model.md section 11)
     free_sms: bool = True  # SMs may run on their own time between chip events (engine/decouple.py)
+    data_rows: int = 1  # rows of each launch's data tables (kernel.data_rows: 1 without data)
 
     @property
     def warps_per_scheduler(self) -> int:
@@ -100,6 +101,10 @@ class Launch(eqx.Module):
     taken_branch_cycles: Int[Array, ""]  # a warp jumping back to its loop start waits this long
     launch_idle_cycles: Int[Array, ""]  # starved scheduler-cycles an SM collects per refill, 0: off
     work_items: Int[Array, ""]  # persistent kernel's queue length, 0: off
+    trips_from_data: Bool[Array, ""]  # trip counts from `trips_data` (else the hashes, section 4)
+    trips_data: Int[Array, "cta 32"]
+    if_from_data: Bool[Array, ""]  # if-path lane masks from `if_data`
+    if_data: Int[Array, "cta 32"]
     dvfs: DvfsLaunch
 
 
@@ -129,6 +134,7 @@ def shapes_for(arch: Arch, kernel: Kernel) -> Shapes:
         schedulers=arch.schedulers_per_sm,
         n_instr=kernel.n_instr,
         max_ctas=int(kernel.grid_ctas),
+        data_rows=data_rows(kernel),
     )
 
 
@@ -302,6 +308,10 @@ def _lower(
         taken_branch_cycles=i32(arch.taken_branch_cycles),
         launch_idle_cycles=i32(arch.cta_launch_idle_cycles),
         work_items=i32(kernel.work_items),
+        trips_from_data=jnp.asarray(kernel.trips_from_data),
+        trips_data=i32(kernel.trips_data),
+        if_from_data=jnp.asarray(kernel.if_from_data),
+        if_data=i32(kernel.if_data),
         dvfs=lower_dvfs(dvfs, arch, tick_mhz),
     )
 

@@ -560,6 +560,9 @@ class KernelRun:
         self.warp_spread = i(launch.trips_warp_spread)
         self.branch_threshold = i(launch.branch_threshold)
         self.seed = i(launch.seed)
+        # work from data (section 4): per CTA row, per warp column
+        self.trips_data = np.asarray(launch.trips_data).tolist() if bool(launch.trips_from_data) else None
+        self.if_data = np.asarray(launch.if_data).tolist() if bool(launch.if_from_data) else None
         self.grid_sync_ticks = i(launch.grid_sync_ticks)
         self.work_items = i(launch.work_items)
         self.next = 0  # local index of the next CTA to dispatch
@@ -732,10 +735,15 @@ class _Sim:
         warp.lanes = warp_lanes(w, self.W, self.lanes_last_warp)
         if kernel.work_items > 0:
             warp.trips_left = 1 if self.take_item(sm, kernel) else 0
+        elif kernel.trips_data is not None:
+            warp.trips_left = kernel.trips_data[c][w]
         else:
             warp.trips_left = warp_trips(kernel.seed, kernel.trips, kernel.cta_spread,
                                          kernel.warp_spread, c, w)
-        warp.if_lanes = warp_if_lanes(kernel.seed, kernel.branch_threshold, c, w, warp.lanes)
+        if kernel.if_data is not None:
+            warp.if_lanes = sum((kernel.if_data[c][w] >> l) & 1 for l in range(warp.lanes))
+        else:
+            warp.if_lanes = warp_if_lanes(kernel.seed, kernel.branch_threshold, c, w, warp.lanes)
         warp.else_lanes = warp.lanes - warp.if_lanes
         warp.age = 32 * g + w
         warp.at_barrier = False

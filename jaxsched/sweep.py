@@ -220,7 +220,7 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Swee
     arch = (archio.load(base_dir / arch_spec) if arch_spec.endswith(".toml") else presets.get(arch_spec))
     check("kernel" in doc, f"{source}: kernel", None, "required (a kernel TOML path or a [kernel] table)")
     kspec = doc["kernel"]
-    kernel = (kernel_from_dict(kspec, source) if isinstance(kspec, dict) else load_kernel(base_dir / kspec))
+    kernel = (kernel_from_dict(kspec, source, base_dir) if isinstance(kspec, dict) else load_kernel(base_dir / kspec))
     variants = _kernel_variants(doc, kernel, base_dir, source)
     n_instr = max([kernel.n_instr] + [k.n_instr for k in variants.values()])
     base = {"arch": arch, "kernel": pad_program(kernel, n_instr), sweep_paths.VARIANTS: variants}
@@ -276,7 +276,7 @@ def _kernel_variants(doc: dict, kernel: Kernel, base_dir: Path, source: str) -> 
     every program padded to one length so that they share one compilation."""
     table = doc.get("kernels", {})
     check(isinstance(table, dict), f"{source}: kernels", table, "a table of name = kernel TOML path or table")
-    loaded = {name: (kernel_from_dict(v, f"{source}: kernels.{name}") if isinstance(v, dict)
+    loaded = {name: (kernel_from_dict(v, f"{source}: kernels.{name}", base_dir) if isinstance(v, dict)
                      else load_kernel(base_dir / str(v))) for name, v in table.items()}
     n = max([k.n_instr for k in loaded.values()] + [kernel.n_instr])
     return {name: pad_program(k, n) for name, k in loaded.items()}

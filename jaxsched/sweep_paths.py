@@ -197,6 +197,13 @@ class KernelGroup(PytreeGroup):
     kernel's total thread count (rounded up)."""
 
     def set(self, kernel: Kernel, field: str, value: object, where: str) -> Kernel:
+        data = {"loop": bool(kernel.trips_from_data), "branch": bool(kernel.if_from_data)}
+        if field in ("grid_ctas", "threads_per_cta", "threads_fixed_work"):
+            check(not any(data.values()), where, value, "the kernel takes its work from arrays sized for its "
+                  "grid and CTA shape (`loop @NAME`, `if @NAME`): sweep kernels (kernel.variant) instead")
+        if field in _NEEDS:
+            check(not data[_NEEDS[field]], where, value, f"the kernel's {_NEEDS[field]} takes its values from an "
+                  "array (`@NAME`), not from this field")
         if field == "threads_fixed_work":
             threads = self.params[field].check(where, value)
             total = int(kernel.grid_ctas) * int(kernel.threads_per_cta)

@@ -216,7 +216,7 @@ def workload_from_dict(doc: dict, source: str = "<dict>", base_dir: Path | None 
             path = Path(spec) if base_dir is None or Path(spec).is_absolute() else base_dir / spec
             kernels.append(load_kernel(path))
         elif isinstance(spec, dict):
-            kernels.append(kernel_from_dict(spec, where))
+            kernels.append(kernel_from_dict(spec, where, base_dir))
         else:
             raise JaxschedError(f"{where}.kernel", spec, "a kernel file path or an inline table")
         streams.append(entry.get("stream", 0))

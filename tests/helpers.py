@@ -57,8 +57,10 @@ _BODY_OPS = ["fma", "alu", "sfu", "lds", "ldg", "shfl"]
 
 
 @st.composite
-def programs(draw) -> str:
-    """A legal program text: straight-line code, optionally one loop and one if/else."""
+def programs(draw, data_loop: bool = False, data_if: bool = False) -> str:
+    """A legal program text: straight-line code, optionally one loop and one if/else; the loop's
+    trips from the array `trips` (`data_loop`) and the if-lanes from the array `lanes` (`data_if`)
+    where asked (`data_arrays` draws them)."""
 
     def block(n_min: int, n_max: int) -> list[str]:
         lines = []
@@ -73,13 +75,13 @@ def programs(draw) -> str:
         return lines
 
     def branch() -> list[str]:
-        return [f"if {draw(st.sampled_from([0.0, 0.1, 0.5, 0.97, 1.0]))}", *block(1, 2), "else",
-                *block(1, 2), "end"]
+        head = "if @lanes" if data_if else f"if {draw(st.sampled_from([0.0, 0.1, 0.5, 0.97, 1.0]))}"
+        return [head, *block(1, 2), "else", *block(1, 2), "end"]
 
     layout = draw(st.sampled_from(["flat", "loop", "loop+if_inside", "if+loop", "loop+if"]))
     trips = draw(st.integers(0, 6))
     spreads = f"cta_spread={draw(st.integers(0, 3))} warp_spread={draw(st.integers(0, 3))}"
-    loop_head = f"loop {trips} {spreads}"
+    loop_head = "loop @trips" if data_loop else f"loop {trips} {spreads}"
     if layout == "flat":
         lines = block(1, 6)
     elif layout == "loop":
@@ -92,6 +94,26 @@ def programs(draw) -> str:
         lines = [loop_head, *block(1, 3), "end", *branch()]
     lines.append("exit dep" if draw(st.booleans()) else "exit")
     return "\n".join(lines)
+
+
+@st.composite
+def data_arrays(draw, program: str, grid: int, warps: int) -> dict[str, np.ndarray]:
+    """The arrays a `programs` text names: trip counts 0..8 and if-path lanes (booleans or lane
+    masks), each per CTA or per warp."""
+    arrays = {}
+    shape = lambda: draw(st.sampled_from([(grid,), (grid, warps)]))  # noqa: E731
+    if "@trips" in program:
+        arrays["trips"] = np.asarray(draw(st.lists(st.integers(0, 8), min_size=grid * warps, max_size=grid * warps)))
+        arrays["trips"] = arrays["trips"][:int(np.prod(s := shape()))].reshape(s)
+    if "@lanes" in program:
+        s = shape()
+        n = int(np.prod(s))
+        if draw(st.booleans()):
+            arrays["lanes"] = np.asarray(draw(st.lists(st.booleans(), min_size=n, max_size=n))).reshape(s)
+        else:
+            arrays["lanes"] = np.asarray(draw(st.lists(st.integers(-(2**31), 2**31 - 1), min_size=n, max_size=n)),
+                                         np.int32).reshape(s)
+    return arrays
 
 
 @st.composite
@@ -114,9 +136,13 @@ def configurations(draw) -> dict:
         dram_bytes_per_ns=np.float32(draw(st.floats(5.0, 5000.0))),
     )
     threads = draw(st.integers(1, 1024))
+    grid = draw(st.integers(1, MAX_GRID))
+    data_loop, data_if = draw(st.sampled_from([(False, False)] * 4 + [(True, False), (False, True), (True, True)]))
+    program = draw(programs(data_loop, data_if))
     kernel = make_kernel(
-        draw(programs()),
-        grid=draw(st.integers(1, MAX_GRID)),
+        program,
+        grid=grid,
+        arrays=draw(data_arrays(program, grid, -(-threads // 32))),
         threads=threads,
         regs=draw(st.sampled_from([16, 32, 40, 64, 128])),
         smem_bytes=draw(st.sampled_from([0, 1000, 30000, 100000])),

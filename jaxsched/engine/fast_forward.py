@@ -302,7 +302,8 @@ def may_fast_forward(kernel: Kernel) -> bool:
     start, end = int(kernel.loop_start), int(kernel.loop_end)
     if start < 0:
         return False
-    longest = int(kernel.trips) + int(kernel.trips_cta_spread) + int(kernel.trips_warp_spread)
+    longest = (int(np.max(kernel.trips_data, initial=0)) if bool(kernel.trips_from_data)
+               else int(kernel.trips) + int(kernel.trips_cta_spread) + int(kernel.trips_warp_spread))
     ops = np.asarray(kernel.op)
     body = np.arange(start, end + 1)
     b0, b1 = int(kernel.branch_start), int(kernel.branch_end)

@@ -20,7 +20,7 @@ from jaxtyping import Array, Bool, Float
 from ..arch import Arch
 from ..clocks import Clocks
 from ..errors import check
-from ..kernel import Kernel, pad_program
+from ..kernel import Kernel, data_rows, pad_program
 from ..lower import Shapes, cta_slots_for, shapes_for, validate
 from ..workload import (
     Workload,
@@ -70,4 +70,5 @@ def workload_shapes(arch: Arch, workload: Workload | WorkloadInput) -> Shapes:
     return dataclasses.replace(base, n_instr=max(k.n_instr for k in workload.kernels),
                                cta_slots=max(cta_slots_for(arch, k) for k in workload.kernels),
                                max_ctas=sum(int(k.grid_ctas) for k in workload.kernels),
-                               n_launches=workload.n_launches)
+                               n_launches=workload.n_launches,
+                               data_rows=max(data_rows(k) for k in workload.kernels))

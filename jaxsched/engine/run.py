@@ -200,7 +200,8 @@ def _guarded(launch: Launch, kernels: Sequence[Kernel]) -> Launch:
         longest = k.trips.astype(jnp.int64) + k.trips_cta_spread + k.trips_warp_spread
         unit = lambda p: ~((p >= 0) & (p <= 1))  # noqa: E731  (NaN included)
         bad_kernel |= ((k.trips < 0) | (k.trips_cta_spread < 0) | (k.trips_warp_spread < 0) | (longest > MAX_TRIPS)
-                       | unit(k.l2_hit_rate) | unit(k.branch_if_probability) | (k.grid_ctas < 1))
+                       | unit(k.l2_hit_rate) | unit(k.branch_if_probability) | (k.grid_ctas < 1)
+                       | jnp.any((k.trips_data < 0) | (k.trips_data > MAX_TRIPS)))
     tick = eqx.error_if(tick, bad_kernel, "kernel: trips, spreads, l2_hit_rate or branch_if_probability out of "
                         f"range (trip counts in 0 .. {MAX_TRIPS}, probabilities in [0, 1]) or grid_ctas < 1")
     return dataclasses.replace(launch, tick_mhz=tick)
@@ -561,7 +562,10 @@ def simulate_batch(
                                  closed_loop=_compiled_in(uses_closed_loop(dispatch), closed_loop_step,
                                                           "closed_loop_step",
                                                           "a configuration of the batch dispatches by closed_loop"),
-                                 fast_forward=_fast_forward_in(fast_forward, fast_forward_step, kernels))
+                                 fast_forward=_fast_forward_in(fast_forward, fast_forward_step, kernels),
+                                 data_rows=1)
+    # data tables span the padded trace's CTAs, so that batches of other grids share a compilation
+    shapes = dataclasses.replace(shapes, data_rows=shapes.max_ctas if max(s.data_rows for s in shape_list) > 1 else 1)
     shapes = dataclasses.replace(shapes, free_sms=_free_sms_in(shapes.fast_forward, free_sms_step))
     check(chunk is None or (isinstance(chunk, (int, np.integer)) and 1 <= chunk <= 2**31 - 1), "chunk", chunk,
           "an integer in 1 .. 2^31 - 1, or None")

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..arch import Arch
-from ..kernel import Kernel, pad_program
+from ..kernel import Kernel, pad_data, pad_program
 from ..lower import Shapes
 from .prepare import WorkloadInput
 
@@ -41,10 +41,12 @@ def quarter_octave(n: int) -> int:
 
 
 def compiled_input(item: Kernel | WorkloadInput, shapes: Shapes) -> Kernel | WorkloadInput:
-    """A kernel, or a prepared workload's kernels, padded to `shapes.n_instr` and unnamed."""
+    """A kernel, or a prepared workload's kernels, padded to `shapes.n_instr` instructions and
+    `shapes.data_rows` rows of data, and unnamed."""
     if isinstance(item, WorkloadInput):
-        return dataclasses.replace(item, kernels=tuple(pad_program(k, shapes.n_instr) for k in item.kernels))
-    return pad_program(item, shapes.n_instr).replace(name="")
+        return dataclasses.replace(item, kernels=tuple(pad_data(pad_program(k, shapes.n_instr), shapes.data_rows)
+                                                       for k in item.kernels))
+    return pad_data(pad_program(item, shapes.n_instr), shapes.data_rows).replace(name="")
 
 
 def unnamed(arch: Arch) -> Arch:

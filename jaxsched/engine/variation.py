@@ -30,16 +30,21 @@ def hash3(seed: Array, stream: int, a: Array, b: Array) -> Array:
 def warp_variation(
     launch: Launch, cta: Int[Array, ""], warp: Int[Array, " n"]
 ) -> tuple[Int[Array, " n"], Int[Array, " n"], Int[Array, " n"]]:
-    """(trip count, lanes, if-path lanes) of warps `warp` of CTA `cta`."""
+    """(trip count, lanes, if-path lanes) of warps `warp` of CTA `cta`: from the hashes, or from
+    the kernel's data tables where it has them."""
     cs = launch.trips_cta_spread
     ws = launch.trips_warp_spread
     cta_off = (hash3(launch.seed, 1, cta, 0) % (2 * cs + 1).astype(jnp.uint32)).astype(jnp.int32) - cs
     warp_add = (hash3(launch.seed, 2, cta, warp) % (ws + 1).astype(jnp.uint32)).astype(jnp.int32)
-    trips = jnp.maximum(0, launch.trips + cta_off + warp_add)
+    row = jnp.clip(cta, 0, launch.trips_data.shape[-2] - 1)
+    trips = jnp.where(launch.trips_from_data, launch.trips_data[row, warp],
+                      jnp.maximum(0, launch.trips + cta_off + warp_add))
     lanes = jnp.where(warp == launch.warps_per_cta - 1, launch.lanes_last_warp, 32)
     lane = jnp.arange(32, dtype=jnp.int32)
     draws = hash3(launch.seed, 3, cta, 32 * warp[:, None] + lane[None, :]) >> 8
-    takes_if = (draws.astype(jnp.int32) < launch.branch_threshold) & (lane[None, :] < lanes[:, None])
+    mask = launch.if_data[row, warp]
+    takes_if = jnp.where(launch.if_from_data, (mask[:, None] >> lane[None, :]) & 1 == 1,
+                         draws.astype(jnp.int32) < launch.branch_threshold) & (lane[None, :] < lanes[:, None])
     return trips, lanes, jnp.sum(takes_if, axis=1, dtype=jnp.int32)
 
 
