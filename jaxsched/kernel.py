@@ -25,6 +25,11 @@ Programs are written in a tiny text form (also the TOML `program` field):
 
 See docs/model.md for what each instruction does, cycle by cycle.
 
+Register dependences: `out=r3` names the register an instruction writes, `dep=r1,r2` makes it
+wait for the latest results of those registers only, and `dep=-2` for the result of the
+instruction two before it, so independent chains overlap as on the hardware (`fma out=a dep=a`
+next to `fma out=b dep=b`); a bare `dep` waits for every earlier result.
+
 Work from data: `loop @rows` takes each warp's trip count from the array `rows` and `if @mask`
 each warp's if-path lanes from the array `mask` (`make_kernel(..., arrays={"rows": a})`, or the
 TOML's `[kernel.arrays]`: inline lists or `.npy` files). An array has one entry per CTA (shape
@@ -59,6 +64,7 @@ MAX_TRIPS = 2**24 - 1  # trip counts share a 32-bit word with the if-lanes (engi
 MAX_LDG_BYTES = 4096
 MAX_GRID_SYNC_NS = 1e6
 MAX_WORK_ITEMS = 2**30 - 1
+MAX_DEP_SLOTS = 8  # dependence slots per warp: slot 0 for unnamed results, 1.. for registers
 MAX_WARPS = 32  # warps per CTA at most (1024 threads): the columns of a data table
 
 
@@ -75,7 +81,9 @@ class Kernel(eqx.Module):
 
     # program, one entry per instruction (padded programs end in EXIT)
     op: Int[Array, " instr"]
-    dep: Bool[Array, " instr"]
+    dep: Bool[Array, " instr"]  # waits for every earlier result (bare `dep`)
+    waits: Int[Array, " instr"]  # register dependences: the dependence slots it waits for (bits)
+    writes: Int[Array, " instr"]  # the dependence slots its result goes to (bits; 0: no result)
     bytes_per_warp: Int[Array, " instr"]  # LDG: bytes the warp requests (128 = coalesced fp32)
     bank_ways: Int[Array, " instr"]  # LDS: bank-conflict degree (1 = conflict-free)
     grid_sync: Bool[Array, " instr"]  # BAR that is a grid-wide barrier (`gsync`)
@@ -148,6 +156,9 @@ def validate_kernel(kernel: Kernel, where: str = "kernel") -> None:
     check_ints(kernel.op, f("op"), 0, N_OPS - 1, f"an instruction class 0 .. {N_OPS - 1} (isa.Op)", rank=1)
     check_ints(kernel.bank_ways, f("bank_ways"), 1, 32, "bank-conflict ways in 1 .. 32", rank=1)
     check_ints(kernel.bytes_per_warp, f("bytes_per_warp"), 0, MAX_LDG_BYTES, rank=1)
+    for name in ("waits", "writes"):
+        check_ints(getattr(kernel, name), f(name), 0, (1 << MAX_DEP_SLOTS) - 1,
+                   f"a bit set of the {MAX_DEP_SLOTS} dependence slots", rank=1)
     for name in ("trips_from_data", "if_from_data"):
         check_bools(getattr(kernel, name), f(name))
     for name in ("trips_data", "if_data"):
@@ -156,7 +167,7 @@ def validate_kernel(kernel: Kernel, where: str = "kernel") -> None:
               f"a table [rows, {MAX_WARPS}]: a row per CTA, a column per warp")
     check_ints(kernel.trips_data, f("trips_data"), 0, MAX_TRIPS, f"trip counts in 0 .. {MAX_TRIPS}", rank=2)
     check_ints(kernel.if_data, f("if_data"), INT32_MIN, INT32_MAX, "32-bit lane masks", rank=2)
-    leaves = (kernel.op, kernel.dep, kernel.bytes_per_warp, kernel.bank_ways, kernel.grid_sync, kernel.trips,
+    leaves = (kernel.op, kernel.dep, kernel.waits, kernel.writes, kernel.bytes_per_warp, kernel.bank_ways, kernel.grid_sync, kernel.trips,
               kernel.trips_cta_spread, kernel.trips_warp_spread, kernel.loop_start, kernel.loop_end,
               kernel.branch_start, kernel.branch_mid, kernel.branch_end, kernel.grid_ctas, kernel.work_items,
               kernel.trips_from_data, kernel.if_from_data)
@@ -171,7 +182,7 @@ def validate_kernel(kernel: Kernel, where: str = "kernel") -> None:
                  "a persistent kernel's loop takes its trips from the work queue, not from data")
     op = np.asarray(kernel.op)
     n = op.shape[-1]
-    for name in ("dep", "bytes_per_warp", "bank_ways", "grid_sync"):
+    for name in ("dep", "waits", "writes", "bytes_per_warp", "bank_ways", "grid_sync"):
         shape = np.shape(getattr(kernel, name))
         check(shape == op.shape, f(name), f"shape {shape}", f"one entry per instruction, as op {op.shape}")
     check(n >= 2, f("op"), f"{n} instructions", "a program needs an instruction and its exit")
@@ -209,10 +220,12 @@ class Instr:
     """One instruction of a program (`parse_program` makes these)."""
 
     op: Op
-    dep: bool = False
+    dep: bool = False  # waits for every earlier result
     bytes_per_warp: int = 0
     bank_ways: int = 1
     grid_sync: bool = False
+    waits: int = 0  # dependence slots it waits for (bits; `assign_slots`)
+    writes: int = 0  # dependence slots its result goes to (bits)
 
 
 @dataclasses.dataclass
@@ -226,6 +239,8 @@ def parse_program(text: str) -> tuple[list[Instr], _Structure]:
     """Parse the program text form (module docstring); errors name the line."""
     check(isinstance(text, str), "program", text, "a string in the program text form")
     instrs: list[Instr] = []
+    names: dict[tuple[int, str], list[str]] = {}  # (instruction, "out" or "dep") -> register names
+    lines: list[int] = []  # the program line of each instruction
     struct = _Structure()
     stack: list[tuple[str, int, tuple, int]] = []  # (kind, start index, params, line)
     exit_line = 0
@@ -287,13 +302,18 @@ def parse_program(text: str) -> tuple[list[Instr], _Structure]:
             flags = [w for w in rest if "=" not in w]
             for f in flags:
                 check(f == "dep", where, f, "the only flag is `dep`")
-            _, opts = _args([w for w in rest if "=" in w], where, ("bytes", "ways"), positional=False)
+            regs = {k: v for k, v in (w.split("=", 1) for w in rest if w.startswith(("out=", "dep=")))}
+            for key, value in regs.items():
+                names[len(instrs), key] = _register_list(value, key, where, len(instrs))
+            _, opts = _args([w for w in rest if "=" in w and not w.startswith(("out=", "dep="))], where,
+                            ("bytes", "ways"), positional=False)
             nbytes = opts.get("bytes", 128 if op == Op.LDG else 0)
             ways = opts.get("ways", 1)
             check(op == Op.LDG or "bytes" not in opts, where, line, "bytes= applies to ldg only")
             check(op == Op.LDS or "ways" not in opts, where, line, "ways= applies to lds only")
             instrs.append(Instr(op, dep="dep" in flags, bytes_per_warp=nbytes, bank_ways=ways,
                                 grid_sync=head == "gsync"))
+            lines.append(lineno)
     if stack:
         kind, _, _, opened = stack[-1]
         raise JaxschedError(f"program line {opened}", kind, f"this `{kind}` has no `end`")
@@ -307,10 +327,64 @@ def parse_program(text: str) -> tuple[list[Instr], _Structure]:
         check(inside or outside, "program", "if/else", "must lie wholly inside or outside the loop, "
               "and not end on the loop's last instruction")
     check(len(instrs) >= 2, "program", "empty", "needs at least one instruction before exit")
+    instrs = assign_slots(instrs, names, struct, lines)
     bars = {ins.grid_sync for ins in instrs if ins.op == Op.BAR}
     check(len(bars) < 2, "program", "bar and gsync", "a program uses either CTA barriers or grid "
           "barriers (grid.sync() already synchronises the CTA)")
     return instrs, struct
+
+
+_PRODUCERS = (Op.FMA, Op.ALU, Op.SFU, Op.LDS, Op.LDG, Op.SHFL)  # instructions with a result
+
+
+def _register_list(value: str, key: str, where: str, index: int) -> list[str]:
+    """`out=a,b` / `dep=a,b` register names, or `dep=-D` (the instruction D before)."""
+    items = value.split(",")
+    if key == "dep" and len(items) == 1 and items[0].startswith("-"):
+        d = _number(items[0][1:], where, int)
+        check(1 <= d <= index, where, f"dep={value}", f"a distance 1 .. {index} back to an earlier instruction")
+        return [f"-{d}"]
+    for name in items:
+        check(name.replace(".", "_").isidentifier(), where, f"{key}={value}",
+              "register names: letters, digits, _ and ., comma-separated (out=r3 dep=r1,r2), or dep=-D")
+    return items
+
+
+def assign_slots(instrs: list[Instr], names: dict[tuple[int, str], list[str]], struct: _Structure,
+                 lines: list[int]) -> list[Instr]:
+    """Register dependences (`out=`, `dep=`) as dependence slots: each register some instruction
+    waits for gets a slot (1 .. MAX_DEP_SLOTS - 1, in order of first use; past them registers
+    share slots, which only adds waits). An instruction's result goes to the slots of its `out=`
+    registers, an unnamed result to slot 0; `dep=r` waits for `r`'s slot, `dep=-D` for the
+    results of the instruction D before (docs/model.md section 7). A register waited for must
+    be written earlier, or anywhere in the loop around the wait (a loop-carried dependence)."""
+    outs = {i: list(v) for (i, key), v in names.items() if key == "out"}
+    deps = {i: list(v) for (i, key), v in names.items() if key == "dep"}
+    for i, regs in deps.items():
+        if regs[0].startswith("-"):
+            j = i - int(regs[0][1:])
+            check(instrs[j].op in _PRODUCERS, f"program line {lines[i]}", f"dep={regs[0]}",
+                  f"waits for instruction {j} ({instrs[j].op.name.lower()}), which has no result")
+            outs.setdefault(j, []).append(f"%{j}") if not outs.get(j) else None
+            deps[i] = outs[j]
+    read = list(dict.fromkeys(r for i in sorted(deps) for r in deps[i]))
+    slot = {r: 1 + n % (MAX_DEP_SLOTS - 1) for n, r in enumerate(read)}
+    loop = struct.loop
+    for i, regs in deps.items():
+        for r in regs:
+            writers = [j for j, o in outs.items() if r in o]
+            carried = loop is not None and loop[0] <= i <= loop[1] and any(loop[0] <= j <= loop[1] for j in writers)
+            check(any(j < i for j in writers) or carried, f"program line {lines[i]}", f"dep={r}",
+                  "a dependence on a register no earlier instruction writes (nor one in the same loop)")
+    out = []
+    for i, ins in enumerate(instrs):
+        producer = ins.op in _PRODUCERS
+        check(producer or not outs.get(i), f"program line {lines[i] if i < len(lines) else 0}",
+              ins.op.name.lower(), "out= applies to instructions with a result")
+        writes = sum({1 << slot.get(r, 0) for r in outs.get(i, [])}) if outs.get(i) else 1
+        waits = (1 << MAX_DEP_SLOTS) - 1 if ins.dep else sum({1 << slot[r] for r in deps.get(i, [])})
+        out.append(dataclasses.replace(ins, waits=waits, writes=writes if producer else 0))
+    return out
 
 
 def _array_name(word: str, where: str) -> str:
@@ -422,6 +496,8 @@ def make_kernel(
         static_smem_bytes=i32(static_smem_bytes),
         op=i32([int(ins.op) for ins in instrs]),
         dep=np.asarray([ins.dep for ins in instrs], dtype=bool),
+        waits=i32([ins.waits for ins in instrs]),
+        writes=i32([ins.writes for ins in instrs]),
         bytes_per_warp=i32([ins.bytes_per_warp for ins in instrs]),
         bank_ways=i32([ins.bank_ways for ins in instrs]),
         grid_sync=np.asarray([ins.grid_sync for ins in instrs], dtype=bool),
@@ -495,6 +571,7 @@ def pad_program(kernel: Kernel, n_instr: int) -> Kernel:
     check(extra >= 0, "pad_to", n_instr, f"the program has {kernel.n_instr} instructions")
     pad = lambda x, v: np.concatenate([np.asarray(x), np.full(extra, v, np.asarray(x).dtype)])  # noqa: E731
     return kernel.replace(op=pad(kernel.op, int(Op.EXIT)), dep=pad(kernel.dep, False),
+                          waits=pad(kernel.waits, 0), writes=pad(kernel.writes, 0),
                           bytes_per_warp=pad(kernel.bytes_per_warp, 0), bank_ways=pad(kernel.bank_ways, 1),
                           grid_sync=pad(kernel.grid_sync, False))
 

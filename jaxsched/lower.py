@@ -23,7 +23,7 @@ from .clocks import Clocks, lengths_hint, validate_clocks
 from .dvfs import Dvfs, DvfsLaunch, lower_dvfs, off, tick_mhz as reachable_tick_mhz
 from .errors import INT32_MAX, INT32_MIN, JaxschedError, check, check_floats, check_ints, check_values
 from .isa import Op
-from .kernel import Kernel, data_rows, validate_kernel
+from .kernel import MAX_DEP_SLOTS, Kernel, data_rows, validate_kernel
 from .occupancy import check_launch, occupancy
 from .policies import DISPATCH_POLICIES, WARP_POLICIES
 
@@ -52,6 +52,7 @@ class Shapes:
     fast_forward: bool = True  # jump whole periods of an SM's recurring state (docs/model.md section 11)
     free_sms: bool = True  # SMs may run on their own time between chip events (engine/decouple.py)
     data_rows: int = 1  # rows of each launch's data tables (kernel.data_rows: 1 without data)
+    dep_slots: int = 1  # dependence slots per warp: the highest slot the batch's programs write, + 1
 
     @property
     def warps_per_scheduler(self) -> int:
@@ -77,7 +78,8 @@ class Launch(eqx.Module):
     ema_prior_ticks: Int[Array, ""]  # closed-loop initial estimate of a CTA's duration
     # per instruction
     op: Int[Array, " instr"]
-    dep: Bool[Array, " instr"]
+    waits: Int[Array, " instr"]  # dependence slots it waits for (bits; a bare `dep`: every slot)
+    writes: Int[Array, " instr"]  # dependence slots its result goes to (bits)
     lat_cycles: Int[Array, " instr"]
     issue_cost64: Int[Array, " instr"]  # pipe issue interval in 1/64 cycle
     mio_cost: Int[Array, " instr"]
@@ -135,7 +137,13 @@ def shapes_for(arch: Arch, kernel: Kernel) -> Shapes:
         n_instr=kernel.n_instr,
         max_ctas=int(kernel.grid_ctas),
         data_rows=data_rows(kernel),
+        dep_slots=dep_slots(kernel),
     )
+
+
+def dep_slots(kernel: Kernel) -> int:
+    """Dependence slots a (concrete) kernel's warps need: its highest slot written, + 1."""
+    return max(1, int(np.max(np.asarray(kernel.writes), initial=0)).bit_length())
 
 
 def cta_slots_for(arch: Arch, kernel: Kernel) -> int:
@@ -285,7 +293,8 @@ def _lower(
         ema_alpha_256=_round_i32(jnp.asarray(ema_alpha, jnp.float64) * 256.0),
         ema_prior_ticks=ns_to_ticks(ema_prior_ns, tick_mhz),
         op=op,
-        dep=jnp.asarray(kernel.dep),
+        waits=jnp.where(jnp.asarray(kernel.dep), (1 << MAX_DEP_SLOTS) - 1, i32(kernel.waits)),
+        writes=i32(kernel.writes),
         lat_cycles=jnp.asarray(arch.latency_cycles)[op],
         issue_cost64=_round_i32(jnp.asarray(arch.issue_cycles, jnp.float64)[op] * ISSUE_UNITS_PER_CYCLE),
         mio_cost=mio_cost,

@@ -53,6 +53,7 @@ import numpy as np
 
 from .errors import check
 from .isa import Op
+from .kernel import MAX_DEP_SLOTS
 
 MASK32 = 0xFFFFFFFF
 GOLDEN32 = 0x9E3779B9
@@ -137,7 +138,9 @@ class Program:
     def __init__(self, launch) -> None:
         ints = lambda a: [int(v) for v in np.asarray(a).reshape(-1)]  # noqa: E731
         self.op = ints(launch.op)
-        self.dep = [bool(v) for v in np.asarray(launch.dep).reshape(-1)]
+        slots = lambda bits: tuple(d for d in range(MAX_DEP_SLOTS) if bits >> d & 1)  # noqa: E731
+        self.waits = [slots(b) for b in ints(launch.waits)]  # dependence slots each instruction waits for
+        self.writes = [slots(b) for b in ints(launch.writes)]  # dependence slots its result goes to
         self.lat_cycles = ints(launch.lat_cycles)
         self.issue_cost64 = ints(launch.issue_cost64)  # pipe issue interval, 1/64 cycle
         self.mio_cost = ints(launch.mio_cost)
@@ -191,9 +194,10 @@ class Warp:
         self.else_lanes = 0
         self.age = 0
         self.at_barrier = False
-        self.ready_fixed = 0  # SM cycle
-        self.ready_mio = 0  # SM cycle
-        self.ready_mem = 0  # global tick
+        # per dependence slot (section 7): when the results it holds are ready
+        self.ready_fixed = [0] * MAX_DEP_SLOTS  # SM cycle
+        self.ready_mio = [0] * MAX_DEP_SLOTS  # SM cycle
+        self.ready_mem = [0] * MAX_DEP_SLOTS  # global tick
         self.ready_fetch = 0  # SM cycle: the refetch after a taken branch
         self.cta_slot = -1
         self.kernel = None  # the `KernelRun` (launch) of the warp's CTA: program and variation
@@ -747,9 +751,9 @@ class _Sim:
         warp.else_lanes = warp.lanes - warp.if_lanes
         warp.age = 32 * g + w
         warp.at_barrier = False
-        warp.ready_fixed = 0
-        warp.ready_mio = 0
-        warp.ready_mem = 0
+        warp.ready_fixed = [0] * MAX_DEP_SLOTS
+        warp.ready_mio = [0] * MAX_DEP_SLOTS
+        warp.ready_mem = [0] * MAX_DEP_SLOTS
         warp.ready_fetch = 0
         warp.pc = kernel.prog.resolve(0, warp.trips_left, warp.if_lanes, warp.else_lanes)
 
@@ -889,14 +893,14 @@ class _Sim:
             return BARRIER
         prog = warp.kernel.prog
         i = warp.pc
-        if prog.dep[i]:
-            if k < warp.ready_mem:
-                return LONG_SB
-            if c < warp.ready_mio:
-                return SHORT_SB
-            if c < warp.ready_fixed:
-                return WAIT
-        if c < warp.ready_fetch:  # refetch after a taken branch, whatever dep[i]
+        slots = prog.waits[i]
+        if any(k < warp.ready_mem[d] for d in slots):
+            return LONG_SB
+        if any(c < warp.ready_mio[d] for d in slots):
+            return SHORT_SB
+        if any(c < warp.ready_fixed[d] for d in slots):
+            return WAIT
+        if c < warp.ready_fetch:  # refetch after a taken branch, whatever it waits for
             return WAIT
         op = prog.op[i]
         if op in MIO_OPS:
@@ -928,8 +932,10 @@ class _Sim:
         chip = self.chip
         i = warp.pc
         op = prog.op[i]
+        slots = prog.writes[i]  # where the result goes
         if op in PIPE_OPS:
-            warp.ready_fixed = max(warp.ready_fixed, c + prog.lat_cycles[i])
+            for d in slots:
+                warp.ready_fixed[d] = max(warp.ready_fixed[d], c + prog.lat_cycles[i])
             # a fractional issue interval carries over: 66/64 loses one cycle in 33
             free64 = sm.pipe_free64[sched][op]
             sm.pipe_free64[sched][op] = max(free64, ISSUE_ONE_CYCLE * c) + prog.issue_cost64[i]
@@ -941,9 +947,11 @@ class _Sim:
                 chip.q_dram += prog.dram_cost[i]
                 queue_ticks = max(_ceil_div(chip.q_l2, QUEUE_ONE_TICK),
                                   _ceil_div(chip.q_dram, QUEUE_ONE_TICK))
-                warp.ready_mem = max(warp.ready_mem, k + prog.mem_lat_ticks[i] + queue_ticks)
+                for d in slots:
+                    warp.ready_mem[d] = max(warp.ready_mem[d], k + prog.mem_lat_ticks[i] + queue_ticks)
             else:  # LDS, SHFL
-                warp.ready_mio = max(warp.ready_mio, c + m + prog.mio_cost[i] + prog.lat_cycles[i])
+                for d in slots:
+                    warp.ready_mio[d] = max(warp.ready_mio[d], c + m + prog.mio_cost[i] + prog.lat_cycles[i])
         elif op == Op.BAR:
             warp.at_barrier = True
             if prog.grid_sync[i]:

@@ -12,7 +12,7 @@ from jaxsched import clocks
 from jaxsched.engine.run import Result, simulate_batch
 from jaxsched.hierarchy import build_hierarchy
 from jaxsched.isa import Op
-from jaxsched.kernel import make_kernel
+from jaxsched.kernel import MAX_DEP_SLOTS, make_kernel
 from jaxsched.lower import DISPATCH_POLICIES, WARP_POLICIES
 
 N_INSTR = 16  # programs are padded to this length so one compilation serves every example
@@ -62,11 +62,21 @@ def programs(draw, data_loop: bool = False, data_if: bool = False) -> str:
     trips from the array `trips` (`data_loop`) and the if-lanes from the array `lanes` (`data_if`)
     where asked (`data_arrays` draws them)."""
 
+    written: list[str] = []  # registers earlier lines write
+
     def block(n_min: int, n_max: int) -> list[str]:
         lines = []
         for _ in range(draw(st.integers(n_min, n_max))):
             op = draw(st.sampled_from(_BODY_OPS + ["bar"]))
-            line = op + (" dep" if draw(st.booleans()) else "")
+            kind = draw(st.sampled_from(["none", "all", "regs", "regs"] if written else ["none", "all"]))
+            line = op + {"none": "", "all": " dep"}.get(kind, "")
+            if kind == "regs":
+                line += " dep=" + ",".join(draw(st.lists(st.sampled_from(written), min_size=1, max_size=2,
+                                                         unique=True)))
+            if op != "bar" and draw(st.booleans()):
+                name = draw(st.sampled_from(["r0", "r1", "r2"]))
+                line += f" out={name}"
+                written.append(name)
             if op == "ldg":
                 line += f" bytes={draw(st.sampled_from([32, 128, 512, 4096]))}"
             if op == "lds":
@@ -201,5 +211,5 @@ def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: st
                            [DISPATCH_POLICIES.index(dispatch)], [dispatch_start], dispatch_weight=[dispatch_weight],
                            ema_alpha=ema_alpha, ema_prior_ns=ema_prior_ns, dvfs=[dvfs], trace_len=trace_len,
                            dvfs_step=True, closed_loop_step=True, cta_slots=int(arch.max_blocks_per_sm),
-                           max_ctas=grid)
+                           max_ctas=grid, dep_slots=MAX_DEP_SLOTS)
     return jax.tree.map(lambda x: x[0], batch)

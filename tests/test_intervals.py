@@ -69,8 +69,9 @@ def test_blocked_split_matches_the_per_cycle_reasons(tick_mhz, data):
         c += 1
     i32 = np.int32
     with jax.enable_x64(True):  # as the engine runs
-        m = mem_cycle(i32(ready_mem), i32(k), i32(cycle), i32(freq), i32(acc), i32(tick_mhz))
-        b = blocked_split(np.bool_(dep), i32(ready_fixed), i32(ready_mio), i32(ready_fetch), m, i32(cycle))
+        # the ready times of what the instruction waits for (status.waited): none without dep
+        m = mem_cycle(i32(ready_mem * dep), i32(k), i32(cycle), i32(freq), i32(acc), i32(tick_mhz))
+        b = blocked_split(i32(ready_fixed * dep), i32(ready_mio * dep), i32(ready_fetch), m, i32(cycle))
     assert [int(b.long), int(b.short), int(b.wait)] == counts
     assert int(b.wake) == c
 

@@ -77,7 +77,7 @@ def test_if_inside_loop_and_branch_after_loop():
 
 def test_exit_appended_when_missing():
     instrs, _ = parse_program("fma")
-    assert instrs == [Instr(Op.FMA), Instr(Op.EXIT)]
+    assert instrs == [Instr(Op.FMA, writes=1), Instr(Op.EXIT)]  # an unnamed result goes to slot 0
     instrs, _ = parse_program("fma\nexit dep  # explicit exit kept, not doubled\n\n")
     assert [i.op for i in instrs] == [Op.FMA, Op.EXIT] and instrs[-1].dep
     instrs, _ = parse_program("loop 2\n fma\nend")

@@ -64,7 +64,7 @@ def multi_wave_configurations(draw, trips: tuple[int, int] = (12, 40), max_grid:
                 dispatch_start=draw(st.integers(0, 3)), dvfs=params, trace_len=8 if params is not None else 0)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=multi_wave_configurations())
 def test_own_time_equals_reference(cfg: dict) -> None:
     try:

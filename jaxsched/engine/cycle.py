@@ -18,11 +18,12 @@ from jaxtyping import Array, Bool, Int
 from ..isa import Op
 from ..lower import QUEUE_ONE_TICK, Launch, Shapes
 from .launch_credit import collect, has_free_slot
-from .launches import Launches, instruction_fields, op_and_dep, per_launch_sum, update_ready, warp_program
+from .launches import Launches, instruction_fields, op_and_waits, per_launch_sum, update_ready, warp_program
 from .materialize import once
 from .state import INF, N_PIPES, NO_WARP, State, Warps
 from .slots import by_scheduler, cta_slot_of, per_warp, q_index
-from .status import blocked_split, interval_cycles, mem_cycle, one_of_class, op_class, ready_counts, scan, stall_rows, throttled
+from .status import (blocked_split, interval_cycles, mem_cycle, one_of_class, op_class, ready_counts, scan, stall_rows,
+                     throttled, waited)
 from .variation import resolve_pc
 
 LRR, GTO, OLDEST = 0, 1, 2
@@ -127,12 +128,14 @@ def _write_back(w: Warps, upd: dict[str, Int[Array, "sched sm"]], sel: Bool[Arra
     scatter writes the 4 slots per SM that issued; a select rewrites every slot. Both give the
     same warps (`_gpu_forms` picks the faster on the backend)."""
     if not _gpu_forms():
-        return replace(w, **{f: jnp.where(sel, per_warp(upd[k], shapes), getattr(w, f)) for k, f in _FIELDS.items()})
+        spread = lambda u: jnp.stack([per_warp(x, shapes) for x in u]) if u.ndim == 3 else per_warp(u, shapes)  # noqa: E731
+        return replace(w, **{f: jnp.where(sel, spread(upd[k]), getattr(w, f)) for k, f in _FIELDS.items()})
     pos = jnp.where(has, jnp.arange(shapes.schedulers, dtype=jnp.int32)[:, None] * shapes.warps_per_scheduler + q_sel,
                     shapes.warp_slots)  # out of range: dropped
     sm = jnp.broadcast_to(jnp.arange(pos.shape[1], dtype=jnp.int32), pos.shape)
-    return replace(w, **{f: getattr(w, f).at[pos, sm].set(upd[k].astype(getattr(w, f).dtype), mode="drop",
-                                                          unique_indices=True)
+    at = lambda x: x.at[:, pos, sm] if x.ndim == 3 else x.at[pos, sm]  # noqa: E731  (per dependence slot)
+    return replace(w, **{f: at(getattr(w, f)).set(upd[k].astype(getattr(w, f).dtype), mode="drop",
+                                                  unique_indices=True)
                          for k, f in _FIELDS.items()})
 
 
@@ -187,8 +190,8 @@ def _issue(state: State, launch: Launch, shapes: Shapes, launches: Launches, k: 
     launch_s = pick(w.launch) if shapes.n_launches > 1 else jnp.zeros_like(pc_s)
     trips_s, lanes_s, if_lanes_s = pick(w.trips_left), pick(w.lanes), pick(w.if_lanes)
     fields = instruction_fields(launches, launch_s, pc_s)
-    op_s, _, lat_s, issue64_s, mio_cost_s, mem_lat_s, l2_s, dram_s = (
-        jnp.where(has, fields[..., i], 0) for i in range(8))
+    op_s, _, lat_s, issue64_s, mio_cost_s, mem_lat_s, l2_s, dram_s, writes_s = (
+        jnp.where(has, fields[..., i], 0) for i in range(9))
     prog = warp_program(launches, launch_s)
 
     # MIO: schedulers in index order share the SM's backlog.
@@ -224,16 +227,21 @@ def _issue(state: State, launch: Launch, shapes: Shapes, launches: Launches, k: 
 
     # The issuing warp's ready times, and its next instruction's blocked interval, which starts
     # at the SM's next cycle; EXIT leaves, BAR waits for the release (wake INF meanwhile).
-    ready_fixed = jnp.where(has_pipe, jnp.maximum(pick(w.ready_fixed), c + lat_s), pick(w.ready_fixed))
-    ready_mio = jnp.where(is_short, jnp.maximum(pick(w.ready_mio), c + mio_before + mio_cost_s + lat_s),
-                          pick(w.ready_mio))
-    ready_mem = jnp.where(is_ldg, jnp.maximum(pick(w.ready_mem), k + mem_lat_s + delay), pick(w.ready_mem))
+    # The result goes to the dependence slots the instruction writes (section 7).
+    def result(ready: Int[Array, "slot warp sm"], kind: Bool[Array, "sched sm"], at: Array) -> Array:
+        return jnp.stack([jnp.where(kind & ((writes_s >> d) & 1 == 1), jnp.maximum(pick(x), at), pick(x))
+                          for d, x in enumerate(ready)])
+
+    ready_fixed = result(w.ready_fixed, has_pipe, c + lat_s)
+    ready_mio = result(w.ready_mio, is_short, c + mio_before + mio_cost_s + lat_s)
+    ready_mem = result(w.ready_mem, is_ldg, k + mem_lat_s + delay)
     # A taken back-edge refetches the loop start before the warp can issue again.
     ready_fetch = jnp.where(back, c + launch.taken_branch_cycles, pick(w.ready_fetch))
-    op_next, dep_next = op_and_dep(launches, launch_s, jnp.clip(next_pc, 0, shapes.n_instr - 1))
+    op_next, waits_next = op_and_waits(launches, launch_s, jnp.clip(next_pc, 0, shapes.n_instr - 1))
     after = c + edge
-    blocked = blocked_split(dep_next, ready_fixed, ready_mio, ready_fetch,
-                            mem_cycle(ready_mem, k, after, state.freq, acc, launch.tick_mhz), after)
+    blocked = blocked_split(waited(ready_fixed, waits_next), waited(ready_mio, waits_next), ready_fetch,
+                            mem_cycle(waited(ready_mem, waits_next), k, after, state.freq, acc, launch.tick_mhz),
+                            after)
     stops = exits | arrive
     wake = jnp.where(stops, INF, blocked.wake)
 

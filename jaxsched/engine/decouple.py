@@ -68,8 +68,8 @@ def trip_bounds(launch: Launch) -> tuple[Int[Array, ""], Int[Array, ""]]:
     """The fewest cycles one warp spends on one trip of the loop, and the fewest instructions it
     issues on one (int64; 0 without a loop).
 
-    A warp issues one instruction per cycle at most; an instruction that depends on earlier
-    results (`dep`) issues no earlier than the latency of the one before it; the taken
+    A warp issues one instruction per cycle at most; an instruction that waits for the result of
+    the one before it issues no earlier than that one's latency; the taken
     back-edge refetches for `taken_branch_cycles`. A trip may skip either side of an if/else
     inside the loop, not both; with one, only the instruction count bounds the cycles."""
     n = launch.op.shape[0]
@@ -78,10 +78,12 @@ def trip_bounds(launch: Launch) -> tuple[Int[Array, ""], Int[Array, ""]]:
     body = (i >= start) & (i <= end)
     lat = jnp.maximum(launch.lat_cycles, 1).astype(jnp.int64)
     waits = (launch.op < N_PIPES) | (launch.op == Op.LDS) | (launch.op == Op.SHFL)
-    gap = jnp.where(waits & jnp.roll(launch.dep, -1), lat, 1)
+    follows = (jnp.roll(launch.waits, -1) & launch.writes) != 0  # the next instruction waits for this one
+    gap = jnp.where(waits & follows, lat, 1)
     at_end = jnp.clip(end, 0, n - 1)
     refetch = jnp.maximum(launch.taken_branch_cycles.astype(jnp.int64), 1)
-    back = jnp.maximum(refetch, jnp.where(launch.dep[jnp.clip(start, 0, n - 1)] & waits[at_end], lat[at_end], 1))
+    carried = (launch.waits[jnp.clip(start, 0, n - 1)] & launch.writes[at_end]) != 0
+    back = jnp.maximum(refetch, jnp.where(carried & waits[at_end], lat[at_end], 1))
     chain = jnp.sum(jnp.where(body & (i < end), gap, 0)) + back
     b0, b1, mid = launch.branch_start, launch.branch_end, launch.branch_mid
     inside = (b0 >= 0) & (b0 >= start) & (b1 <= end)

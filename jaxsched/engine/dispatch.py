@@ -30,7 +30,7 @@ from jaxtyping import Array, Bool, Int
 from ..lower import Launch, Shapes
 from .exact import floor_div
 from .launch_credit import can_launch
-from .launches import Launches, head_launch, op_and_dep, warp_program
+from .launches import Launches, head_launch, op_and_waits, warp_program
 from .slots import cta_slot_of, hardware_slot
 from .state import INF, State, Warps
 from .status import op_class
@@ -278,7 +278,7 @@ def start_warps(
     trips = jnp.where(persistent, took.astype(jnp.int32), trips)
     lanes = jnp.where(warp == n_w - 1, launch.lanes_last_warp, 32)
     pc0 = resolve_pc(warp_program(launches, warp_launch), jnp.zeros_like(trips), trips, if_lanes, lanes)
-    op0, _ = op_and_dep(launches, warp_launch, jnp.clip(pc0, 0, shapes.n_instr - 1))
+    op0, _ = op_and_waits(launches, warp_launch, jnp.clip(pc0, 0, shapes.n_instr - 1))
     zero = jnp.zeros_like(trips)
     warps = replace(
         w,

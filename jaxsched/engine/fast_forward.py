@@ -83,8 +83,8 @@ class _View(NamedTuple):
 
     pc: Int[Array, "warp sm"]
     wake: Int[Array, "warp sm"]
-    fixed: Int[Array, "warp sm"]
-    short: Int[Array, "warp sm"]
+    fixed: Int[Array, "slot warp sm"]
+    short: Int[Array, "slot warp sm"]
     fetch: Int[Array, "warp sm"]
     pipe: Int[Array, "pipe sched sm"]
 
@@ -109,7 +109,8 @@ def _same_times(state: State) -> Bool[Array, " sm"]:
     """Whether each SM's ready times and pipes, relative to its cycle, equal its snapshot's, and
     a warp of it lost trips since (made only in a step where some SM's cheap part matched)."""
     v, r = _view(state), state.recurrence
-    warps = jnp.all((v.wake == r.wake) & (v.fixed == r.fixed) & (v.short == r.short) & (v.fetch == r.fetch), axis=0)
+    slots = jnp.all((v.fixed == r.fixed) & (v.short == r.short), axis=0)  # every dependence slot
+    warps = jnp.all((v.wake == r.wake) & slots & (v.fetch == r.fetch), axis=0)
     looping = jnp.any((v.pc != NO_WARP) & (state.warps.trips_left < r.trips), axis=0)
     return warps & looping & jnp.all(v.pipe == r.pipe, axis=(0, 1))
 
@@ -246,7 +247,7 @@ def _search(state: State, found: _Found) -> tuple[State, Bool[Array, " sm"]]:
 def _snapshot(state: State, take: Bool[Array, " sm"]) -> State:
     """Record the state of the SMs where `take` as their new snapshot."""
     r, v = state.recurrence, _view(state)
-    settled = jnp.all((v.pc == NO_WARP) | (state.warps.ready_mem <= state.acct + 1), axis=0)
+    settled = jnp.all((v.pc == NO_WARP) | jnp.all(state.warps.ready_mem <= state.acct + 1, axis=0), axis=0)
     snap = lambda new, old: jnp.where(take, new, old)  # noqa: E731
     recurrence = replace(
         r,

@@ -14,14 +14,16 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..lower import Launch, Shapes
-from .launches import Launches, op_and_dep
+from .launches import Launches, op_and_waits
 from .slots import cta_slot_of, hardware_slot
 from .state import INF, NO_WARP, Warps
-from .status import Blocked, blocked_split, interval_cycles, mem_cycle
+from .status import Blocked, blocked_split, interval_cycles, mem_cycle, waited
 
 
-def _dep(w: Warps, launches: Launches, shapes: Shapes) -> Bool[Array, "warp sm"]:
-    return op_and_dep(launches, w.launch, jnp.clip(w.pc, 0, shapes.n_instr - 1))[1]
+def _waited(w: Warps, launches: Launches, shapes: Shapes) -> tuple[Array, Array, Array]:
+    """Each warp's (fixed, mio, memory) ready times of the results its instruction waits for."""
+    waits = op_and_waits(launches, w.launch, jnp.clip(w.pc, 0, shapes.n_instr - 1))[1]
+    return waited(w.ready_fixed, waits), waited(w.ready_mio, waits), waited(w.ready_mem, waits)
 
 
 class Clock(NamedTuple):
@@ -46,8 +48,9 @@ def release(w: Warps, released: Bool[Array, "warp sm"], clock: Clock, launch: La
     """Warps leaving a barrier after tick `clock.tick`: their interval starts at the SM's next
     cycle. Returns every warp's wake and the intervals' (long, short, wait) cycles per SM."""
     start = clock.cycle
-    m = mem_cycle(w.ready_mem, clock.tick, start, clock.freq, clock.acc, launch.tick_mhz)
-    b = blocked_split(_dep(w, launches, shapes), w.ready_fixed, w.ready_mio, w.ready_fetch, m, start)
+    fixed, mio, mem = _waited(w, launches, shapes)
+    m = mem_cycle(mem, clock.tick, start, clock.freq, clock.acc, launch.tick_mhz)
+    b = blocked_split(fixed, mio, w.ready_fetch, m, start)
     return jnp.where(released, b.wake, w.wake), interval_cycles(b, released)
 
 
@@ -58,13 +61,13 @@ def reclock(w: Warps, clock: Clock, old_freq: Int[Array, " sm"], launch: Launch,
     the SM's next cycle, at the new clock. Returns every warp's wake and the change in the
     counts. The cycles before it ran at the old clock and stay as counted."""
     k = clock.tick
-    dep = _dep(w, launches, shapes)
-    pending = dep & (w.ready_mem > k + 1) & (w.wake < INF)
+    fixed, mio, mem = _waited(w, launches, shapes)
+    pending = (mem > k + 1) & (w.wake < INF)
     start = clock.cycle
 
     def split(freq: Int[Array, " sm"]) -> Blocked:
-        m = mem_cycle(w.ready_mem, k, start, freq, clock.acc, launch.tick_mhz)
-        return blocked_split(dep, w.ready_fixed, w.ready_mio, w.ready_fetch, m, start)
+        m = mem_cycle(mem, k, start, freq, clock.acc, launch.tick_mhz)
+        return blocked_split(fixed, mio, w.ready_fetch, m, start)
 
     old, new = split(old_freq), split(clock.freq)
     return jnp.where(pending, new.wake, w.wake), interval_cycles(new, pending) - interval_cycles(old, pending)

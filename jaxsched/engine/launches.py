@@ -16,16 +16,18 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
+from ..kernel import MAX_DEP_SLOTS
 from ..lower import Launch, Shapes
 from ..workload import WorkloadLaunch
 from .state import INF
 
 
-def instruction_table(launch: Launch) -> Int[Array, "instr 8"]:
-    """Per-instruction fields packed as columns (op, dep, lat, issue_cost64, mio, mem_lat, l2, dram)."""
+def instruction_table(launch: Launch) -> Int[Array, "instr 9"]:
+    """Per-instruction fields packed as columns (op, waits, lat, issue_cost64, mio, mem_lat, l2,
+    dram, writes)."""
     return jnp.stack(
-        [launch.op, launch.dep.astype(jnp.int32), launch.lat_cycles, launch.issue_cost64,
-         launch.mio_cost, launch.mem_lat_ticks, launch.l2_cost, launch.dram_cost],
+        [launch.op, launch.waits, launch.lat_cycles, launch.issue_cost64,
+         launch.mio_cost, launch.mem_lat_ticks, launch.l2_cost, launch.dram_cost, launch.writes],
         axis=-1,
     )
 
@@ -33,8 +35,8 @@ def instruction_table(launch: Launch) -> Int[Array, "instr 8"]:
 class Launches(eqx.Module):
     """Per-launch tables (leading axis `launch`) and the workload's integers."""
 
-    instructions: Int[Array, "launch instr 8"]  # instruction_table of each launch
-    op_dep: Int[Array, "launch instr"]  # `op << 1 | dep`: all the per-slot status reads
+    instructions: Int[Array, "launch instr 9"]  # instruction_table of each launch
+    op_waits: Int[Array, "launch instr"]  # `op << 8 | waits`: all the per-slot status reads
     loop_start: Int[Array, " launch"]
     loop_end: Int[Array, " launch"]
     branch_start: Int[Array, " launch"]
@@ -64,7 +66,7 @@ def make_launches(per: Launch, work: WorkloadLaunch, shapes: Shapes) -> Launches
     instructions = jax.vmap(instruction_table)(per)
     return Launches(
         instructions=instructions,
-        op_dep=(instructions[..., 0] << 1) | instructions[..., 1],
+        op_waits=(instructions[..., 0] << _WAIT_BITS) | instructions[..., 1],
         loop_start=per.loop_start,
         loop_end=per.loop_end,
         branch_start=per.branch_start,
@@ -111,19 +113,23 @@ def warp_program(launches: Launches, warp_launch: Int[Array, "warp sm"]) -> Warp
 
 def instruction_fields(launches: Launches, warp_launch: Int[Array, "warp sm"], pc: Int[Array, "warp sm"]) -> Array:
     """The packed instruction-table row (instruction_table) at each warp's pc, from its
-    launch's program: [sm, warp, 8]."""
+    launch's program: [sm, warp, 9]."""
     table = launches.instructions
     return table[0][pc] if table.shape[0] == 1 else table[warp_launch, pc]
 
 
-def op_and_dep(
+_WAIT_BITS = MAX_DEP_SLOTS
+
+
+def op_and_waits(
     launches: Launches, warp_launch: Int[Array, "warp sm"], pc: Int[Array, "warp sm"]
-) -> tuple[Int[Array, "warp sm"], Bool[Array, "warp sm"]]:
-    """The op class and dependency bit at each warp's pc: the only instruction fields the
-    per-slot status needs, gathered from the narrow table `Launches.op_dep`."""
-    table = launches.op_dep
+) -> tuple[Int[Array, "warp sm"], Int[Array, "warp sm"]]:
+    """The op class and the dependence slots waited for (bits) at each warp's pc: the only
+    instruction fields the per-slot status needs, gathered from the narrow table
+    `Launches.op_waits`."""
+    table = launches.op_waits
     code = table[0][pc] if table.shape[0] == 1 else table[warp_launch, pc]
-    return code >> 1, (code & 1) > 0
+    return code >> _WAIT_BITS, code & ((1 << _WAIT_BITS) - 1)
 
 
 def initial_ready(launches: Launches) -> Int[Array, " launch"]:

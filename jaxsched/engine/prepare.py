@@ -21,7 +21,7 @@ from ..arch import Arch
 from ..clocks import Clocks
 from ..errors import check
 from ..kernel import Kernel, data_rows, pad_program
-from ..lower import Shapes, cta_slots_for, shapes_for, validate
+from ..lower import Shapes, cta_slots_for, dep_slots, shapes_for, validate
 from ..workload import (
     Workload,
     WorkloadLaunch,
@@ -71,4 +71,5 @@ def workload_shapes(arch: Arch, workload: Workload | WorkloadInput) -> Shapes:
                                cta_slots=max(cta_slots_for(arch, k) for k in workload.kernels),
                                max_ctas=sum(int(k.grid_ctas) for k in workload.kernels),
                                n_launches=workload.n_launches,
-                               data_rows=max(data_rows(k) for k in workload.kernels))
+                               data_rows=max(data_rows(k) for k in workload.kernels),
+                               dep_slots=max(dep_slots(k) for k in workload.kernels))

@@ -26,7 +26,7 @@ from ..arch import Arch
 from ..clocks import Clocks
 from ..dvfs import MODES, Dvfs, off, validate_dvfs
 from ..errors import JaxschedError, check, check_ints, is_traced
-from ..kernel import MAX_TRIPS, Kernel
+from ..kernel import MAX_DEP_SLOTS, MAX_TRIPS, Kernel
 from ..lower import (DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, policy_index, policy_indices,
                      shapes_for, validate, validate_dispatch)
 from ..workload import Workload
@@ -514,6 +514,7 @@ def simulate_batch(
     free_sms_step: bool | None = None,
     cta_slots: int | None = None,
     max_ctas: int | None = None,
+    dep_slots: int | None = None,
     chunk: int | None = None,
     devices: Sequence | None = None,
     fast_forward: bool = True,
@@ -535,7 +536,8 @@ def simulate_batch(
     sizes the per-SM CTA-slot arrays at least this large (default: the batch's largest
     occupancy), and `max_ctas` the per-CTA trace (default: the batch's largest grid); a sweep
     passes its largest of each, for the same reason and so that every chunk's trace has the
-    sweep's length. `chunk` runs the batch that many configurations at a time in one compiled
+    sweep's length; `dep_slots` sizes the warps' dependence slots (default: the most the batch's
+    programs use; register dependences, docs/model.md section 7). `chunk` runs the batch that many configurations at a time in one compiled
     call (default `default_chunk`: on the CPU, as many as keep a step's arrays in cache;
     elsewhere all at once) on each device. `devices` (default: the one
     device of an enclosing `jax.default_device`, else every local device of the default backend:
@@ -563,7 +565,9 @@ def simulate_batch(
                                                           "closed_loop_step",
                                                           "a configuration of the batch dispatches by closed_loop"),
                                  fast_forward=_fast_forward_in(fast_forward, fast_forward_step, kernels),
-                                 data_rows=1)
+                                 data_rows=1,
+                                 dep_slots=_padded("dep_slots", dep_slots, [s.dep_slots for s in shape_list],
+                                                   "dependence slots", MAX_DEP_SLOTS))
     # data tables span the padded trace's CTAs, so that batches of other grids share a compilation
     shapes = dataclasses.replace(shapes, data_rows=shapes.max_ctas if max(s.data_rows for s in shape_list) > 1 else 1)
     shapes = dataclasses.replace(shapes, free_sms=_free_sms_in(shapes.fast_forward, free_sms_step))

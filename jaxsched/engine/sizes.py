@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..arch import Arch
-from ..kernel import Kernel, pad_data, pad_program
+from ..kernel import MAX_DEP_SLOTS, Kernel, pad_data, pad_program
 from ..lower import Shapes
 from .prepare import WorkloadInput
 
@@ -26,9 +26,13 @@ def compiled_shapes(shapes: Shapes) -> Shapes:
     """`shapes` with the program length rounded up to a multiple of `INSTR_QUANTUM` and the
     per-CTA trace to one of four sizes per octave (`quarter_octave`). Neither costs a step
     anything measurable: instructions are fetched by index, and the trace and the per-CTA
-    variation table are written once per run and read once per CTA start and end."""
+    variation table are written once per run and read once per CTA start and end. Programs with
+    register dependences get every dependence slot, so that they share one compilation however
+    many registers each names (a program without them keeps its one slot)."""
+    max_ctas = quarter_octave(shapes.max_ctas)
     return dataclasses.replace(shapes, n_instr=-(-shapes.n_instr // INSTR_QUANTUM) * INSTR_QUANTUM,
-                               max_ctas=quarter_octave(shapes.max_ctas))
+                               max_ctas=max_ctas, data_rows=1 if shapes.data_rows == 1 else max_ctas,
+                               dep_slots=1 if shapes.dep_slots == 1 else MAX_DEP_SLOTS)
 
 
 def quarter_octave(n: int) -> int:

@@ -40,9 +40,10 @@ class Warps(eqx.Module):
     lanes: Int[Array, "warp sm"]
     if_lanes: Int[Array, "warp sm"]
     age: Int[Array, "warp sm"]
-    ready_fixed: Int[Array, "warp sm"]  # SM cycle
-    ready_mio: Int[Array, "warp sm"]  # SM cycle
-    ready_mem: Int[Array, "warp sm"]  # tick
+    # per dependence slot (docs/model.md section 7): when the results it holds are ready
+    ready_fixed: Int[Array, "slot warp sm"]  # SM cycle
+    ready_mio: Int[Array, "slot warp sm"]  # SM cycle
+    ready_mem: Int[Array, "slot warp sm"]  # tick
     ready_fetch: Int[Array, "warp sm"]  # SM cycle: refetch after a taken branch (section 7)
     launch: Int[Array, "warp sm"]  # the workload launch whose program the warp runs
     wake: Int[Array, "warp sm"]  # first SM cycle its scoreboard lets it issue; INF: no warp or at a barrier
@@ -84,8 +85,8 @@ class Recurrence(eqx.Module):
     pc: Int[Array, "warp sm"]
     trips: Int[Array, "warp sm"]
     wake: Int[Array, "warp sm"]  # relative (INF kept)
-    fixed: Int[Array, "warp sm"]
-    short: Int[Array, "warp sm"]
+    fixed: Int[Array, "slot warp sm"]
+    short: Int[Array, "slot warp sm"]
     fetch: Int[Array, "warp sm"]
     pipe: Int[Array, "pipe sched sm"]  # relative, 1/64 cycle, int64
     mio: Int[Array, " sm"]
@@ -174,7 +175,7 @@ def initial_state(shapes: Shapes) -> State:
     s, w, c, j, n = shapes.n_sm, shapes.warp_slots, shapes.cta_slots, shapes.schedulers, shapes.n_launches
     zi = lambda *shape: jnp.zeros(shape, jnp.int32)  # noqa: E731
     zl = lambda *shape: jnp.zeros(shape, jnp.int64)  # noqa: E731  (needs jax.enable_x64)
-    r, n_op = shapes.trace_len, len(Op)
+    r, n_op, d = shapes.trace_len, len(Op), shapes.dep_slots
     wf = w if shapes.fast_forward else 0  # without fast-forward the search keeps no warps
     return State(
         tick=zi(),
@@ -201,9 +202,9 @@ def initial_state(shapes: Shapes) -> State:
             lanes=zi(w, s),
             if_lanes=zi(w, s),
             age=zi(w, s),
-            ready_fixed=zi(w, s),
-            ready_mio=zi(w, s),
-            ready_mem=zi(w, s),
+            ready_fixed=zi(d, w, s),
+            ready_mio=zi(d, w, s),
+            ready_mem=zi(d, w, s),
             ready_fetch=zi(w, s),
             launch=zi(w, s),
             wake=jnp.full((w, s), INF, jnp.int32),
@@ -267,8 +268,8 @@ def initial_state(shapes: Shapes) -> State:
             pc=jnp.full((wf, s), NO_WARP, jnp.int32),
             trips=zi(wf, s),
             wake=zi(wf, s),
-            fixed=zi(wf, s),
-            short=zi(wf, s),
+            fixed=zi(d, wf, s),
+            short=zi(d, wf, s),
             fetch=zi(wf, s),
             pipe=zl(N_PIPES, j, s),
             mio=zi(s),

@@ -14,6 +14,7 @@ throttle, `not_selected` and launch-credit counts of the cycle and of every skip
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax.numpy as jnp
@@ -123,19 +124,24 @@ class Blocked(NamedTuple):
     wake: Int[Array, "..."]  # the first cycle it is ready
 
 
-def blocked_split(dep: Bool[Array, "..."], ready_fixed: Array, ready_mio: Array, ready_fetch: Array,
-                  mem_cycle: Array, start: Array) -> Blocked:
+def waited(ready: Int[Array, "slot ..."], waits: Int[Array, "..."]) -> Int[Array, "..."]:
+    """The latest of a warp's ready times over the dependence slots its instruction waits for
+    (`waits`: bits), 0 where it waits for none (docs/model.md section 7)."""
+    bits = [jnp.where((waits >> d) & 1 == 1, ready[d], 0) for d in range(ready.shape[0])]
+    return functools.reduce(jnp.maximum, bits)
+
+
+def blocked_split(ready_fixed: Array, ready_mio: Array, ready_fetch: Array, mem_cycle: Array, start: Array) -> Blocked:
     """The stall reasons of a warp from cycle `start` until it is ready, first match: long
-    scoreboard before `mem_cycle` (the SM's first cycle at or after the tick `ready_mem`), then
-    short scoreboard before `ready_mio`, then wait before `ready_fixed` and before `ready_fetch`
-    (the refetch blocks whatever `dep` says). Ready times change only when the warp issues, so
+    scoreboard before `mem_cycle` (the SM's first cycle at or after the tick its memory results
+    arrive), then short scoreboard before `ready_mio`, then wait before `ready_fixed` and before
+    `ready_fetch` (the refetch blocks whatever it waits for). The ready times are those of the
+    results its instruction waits for (`waited`). They change only when the warp issues, so
     the whole interval is known when it starts."""
-    mem = jnp.where(dep, mem_cycle, 0)
-    mio = jnp.where(dep, ready_mio, 0)
-    until = jnp.maximum(jnp.where(dep, ready_fixed, 0), ready_fetch)
-    after_long = jnp.maximum(start, mem)
-    after_short = jnp.maximum(after_long, mio)
-    return Blocked(long=jnp.maximum(mem - start, 0), short=jnp.maximum(mio - after_long, 0),
+    after_long = jnp.maximum(start, mem_cycle)
+    after_short = jnp.maximum(after_long, ready_mio)
+    until = jnp.maximum(ready_fixed, ready_fetch)
+    return Blocked(long=jnp.maximum(mem_cycle - start, 0), short=jnp.maximum(ready_mio - after_long, 0),
                    wait=jnp.maximum(until - after_short, 0), wake=jnp.maximum(after_short, until))
 
 
