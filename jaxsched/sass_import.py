@@ -14,6 +14,7 @@ states every rule.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import re
 
 from .errors import INT32_MAX, JaxschedError, check
@@ -179,7 +180,7 @@ class _Builder:
             t, cond = self.jump[k]
             if t <= k:
                 raise self._fail(k, f"a backward branch into the loop or if-region it leaves ({self._span(lo, hi)})")
-            if t == k + 1 or (cond and t == loop_exit):  # to the next instruction; a loop's exit test
+            if t == k + 1 or t == loop_exit:  # to the next instruction; a loop's exit test or `break`
                 nodes.append(k)
                 k += 1
                 continue
@@ -380,9 +381,9 @@ def _trip_text(name: str, value: object) -> str:
         array = value.removeprefix("@")
         check(_ARRAY.fullmatch(array) is not None, f"trips.{name}", value, "a trip count or an array name (@rows)")
         return f"@{array}"
-    check(isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= INT32_MAX, f"trips.{name}", value,
-          "a trip count (an integer >= 0) or an array name (@rows)")
-    return str(value)
+    check(isinstance(value, numbers.Integral) and not isinstance(value, bool) and 0 <= value <= INT32_MAX,
+          f"trips.{name}", value, "a trip count (an integer >= 0) or an array name (@rows)")
+    return str(int(value))
 
 
 def _outcome_text(name: str, value: object) -> str:
@@ -391,9 +392,9 @@ def _outcome_text(name: str, value: object) -> str:
         check(_ARRAY.fullmatch(array) is not None, f"branches.{name}", value,
               "a lane probability in [0, 1] or an array name (@taken)")
         return f"@{array}"
-    check(isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0,
+    check(isinstance(value, numbers.Real) and not isinstance(value, bool) and 0.0 <= value <= 1.0,
           f"branches.{name}", value, "a lane probability in [0, 1] or an array name (@taken)")
-    return f"{value:g}"
+    return f"{float(value):g}"
 
 
 def _resolve(s: Structure, trips: dict | None, branches: dict | None) -> tuple[dict[str, str], dict[str, str]]:

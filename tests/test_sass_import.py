@@ -249,6 +249,13 @@ def test_loop_exit_test_inside_the_body():
                                     "  alu", "end", "exit"]
 
 
+def test_break_at_the_end_of_an_if_block():
+    program = from_sass(listing("FFMA R1, R1, R1, R1", "@P1 BRA 0x30", "BRA 0x50", "IADD3 R0, R0, 0x1, RZ",
+                                "@P0 BRA 0x0", "EXIT"), trips={"L1": 2}, branches={"B1": 0.5}, comments=False)
+    assert program.splitlines() == ["loop 2", "  fma out=R1 dep=R1", "  alu", "  if 0.5", "    alu", "  end",
+                                    "  alu out=R0 dep=R0", "  alu", "end", "exit"]
+
+
 @pytest.mark.parametrize("lines, where", [
     # a jump into a loop
     (("@P0 BRA 0x30", "FFMA R1, R1, R1, R1", "FFMA R1, R1, R1, R1", "FFMA R1, R1, R1, R1", "@P1 BRA 0x20", "EXIT"),
