@@ -22,6 +22,7 @@ from .errors import JaxschedError
 from .isa import Op
 from .occupancy import Occupancy, max_active_blocks, occupancy
 from .policies import DISPATCH_POLICIES, WARP_POLICIES
+from .sass_import import from_sass
 
 # Imported on first use (PEP 562): these need JAX, and `import jaxsched` does not start it, so
 # that the command line's `arch`, `occupancy` and `--help` answer in a fraction of a second.
@@ -65,6 +66,7 @@ __all__ = [
     "clocks",
     "dvfs",
     "freqmap",
+    "from_sass",
     "load_arch",
     "load_kernel",
     "load_workload",

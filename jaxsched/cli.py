@@ -29,7 +29,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {}
 
 
 def _command(fn: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    _COMMANDS[fn.__name__.removeprefix("cmd_")] = fn
+    _COMMANDS[fn.__name__.removeprefix("cmd_").replace("_", "-")] = fn
     return fn
 
 
@@ -472,6 +472,58 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _assignments(items: Sequence[str] | None, flag: str, value: Callable[[str, str], object]) -> dict:
+    """`KEY=VALUE[,KEY=VALUE...]` options (repeatable) as a dict, each value through `value`."""
+    out = {}
+    for item in items or []:
+        for part in item.split(","):
+            key, eq, text = part.strip().partition("=")
+            check(bool(eq) and bool(key) and bool(text), flag, part, "KEY=VALUE")
+            out[key] = value(part, text)
+    return out
+
+
+def _number_or_array(flag: str, kind: type) -> Callable[[str, str], object]:
+    def convert(part: str, text: str) -> object:
+        if text.startswith("@"):
+            return text
+        try:
+            return kind(text)
+        except ValueError:
+            raise JaxschedError(flag, part, f"a {'trip count' if kind is int else 'lane probability'} "
+                                "or @ARRAY") from None
+    return convert
+
+
+@_command
+def cmd_import_sass(args: argparse.Namespace) -> int:
+    from . import sass_import, tomldoc
+
+    text = tomldoc.read_text(args.sass, "SASS listing")
+    if args.list:
+        sys.stdout.write(sass_import.describe(text, args.kernel, args.arch))
+        return 0
+    program = sass_import.from_sass(
+        text, args.kernel, arch=args.arch,
+        trips=_assignments(args.trips, "--trips", _number_or_array("--trips", int)),
+        branches=_assignments(args.branch, "--branch", _number_or_array("--branch", float)),
+        opmap=_assignments(args.map, "--map", lambda part, text: text))
+    function = sass_import.find_function(text, args.kernel, args.arch)
+    source = (f"Imported by `jaxsched import-sass` from {Path(args.sass).name}: {function.name}"
+              f"{' (' + function.arch + ')' if function.arch else ''}.")
+    doc = sass_import.kernel_toml(program, name=function.short_name, source=source, grid=args.grid,
+                                  threads=args.threads, regs=args.regs)
+    if args.output is None:
+        sys.stdout.write(doc)
+        return 0
+    try:
+        Path(args.output).write_text(doc)
+    except OSError as exc:
+        raise JaxschedError("-o", args.output, f"cannot be written ({os_error(exc)})") from None
+    print(f"wrote {args.output}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxsched", description=__doc__)
     parser.add_argument("--no-compile-cache", action="store_true",
@@ -558,6 +610,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sel", action="append", metavar="DIM=VALUE",
                    help="fix a dimension (floorplan, stalls); repeatable")
     p.add_argument("--var", default=None, help="per-SM variable for --kind floorplan (default sm_utilisation)")
+    p = sub.add_parser("import-sass", help="a kernel TOML from a kernel's SASS (cuobjdump -sass or nvdisasm)",
+                       description="Translate one kernel of a SASS listing into jaxsched's program text form "
+                       "(docs/sass_import.md): loops, if-regions, instruction classes and register "
+                       "dependences. Loops are named L1, L2, ... and branches B1, B2, ... in address order "
+                       "(--list shows them); give every loop a trip count and every branch the fraction "
+                       "of lanes that fall through it.")
+    p.add_argument("sass", help="SASS listing: the output of `cuobjdump -sass` or `nvdisasm`")
+    p.add_argument("--kernel", default=None, help="function name, mangled or not (needed if the listing has several)")
+    p.add_argument("--arch", default=None, help="architecture of a multi-architecture listing (sm_90)")
+    p.add_argument("--list", action="store_true", help="print the kernels with their loops and branches, and stop")
+    p.add_argument("--trips", action="append", metavar="L1=100,L2=@rows",
+                   help="trip counts: a number, or @ARRAY for a per-CTA or per-warp array (repeatable)")
+    p.add_argument("--branch", action="append", metavar="B1=0.5",
+                   help="fraction of lanes that fall through a branch into its if-block, or @ARRAY (repeatable)")
+    p.add_argument("--map", action="append", metavar="OP=CLASS",
+                   help="class of an opcode the table lacks or that you want to override: fma, alu, sfu, lds, "
+                   "ldg, shfl, bar or drop (repeatable)")
+    p.add_argument("-o", "--output", default=None, help="kernel TOML to write (default: print it)")
+    p.add_argument("--grid", type=int, default=None, help="CTAs in the grid")
+    p.add_argument("--threads", type=int, default=None, help="threads per CTA")
+    p.add_argument("--regs", type=int, default=None, help="registers per thread (ptxas -v, cuobjdump -res-usage)")
     _COMMANDS["probe"] = probe_cli.add_parser(sub)  # issue 8: hardware probe
     _COMMANDS["fit"] = fit_cli.add_parser(sub)  # issue 7: optax fits (speeds, dispatch)
     return parser

@@ -9,20 +9,14 @@ from __future__ import annotations
 import collections
 import re
 
-_FUNC = re.compile(r"\n\s*Function : (\S+)")
-_INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+from ..sass import read_listing
+
 _BACK_BRANCH = re.compile(r"BRA (?:`\(\S+\) )?(0x[0-9a-f]+)")
 
 
 def functions(sass: str) -> dict[str, list[tuple[int, str]]]:
     """Per function: its instructions as (address, text without predicate)."""
-    parts = _FUNC.split("\n" + sass)
-    out: dict[str, list[tuple[int, str]]] = {}
-    for name, body in zip(parts[1::2], parts[2::2]):
-        instrs = [(int(addr, 16), re.sub(r"^@!?U?P\w+\s+", "", text.strip()))
-                  for addr, text in _INSTR.findall(body)]
-        out[name] = instrs
-    return out
+    return {f.name: [(ins.addr, ins.text) for ins in f.instrs] for f in read_listing(sass)}
 
 
 def opcode(text: str) -> str:
