@@ -156,6 +156,73 @@ def test_counts_exact_for_nested_varying_loops(tmp_path):
     assert k.program.count("exit") == 1
 
 
+def _random_program(rng, depth: int, pc: list[int]) -> list:
+    """Straight-line code, loops (header ... latch) and optional regions, nested up to 3 deep."""
+    items = []
+    for _ in range(rng.integers(1, 5)):
+        r = rng.random()
+        if r < 0.5 or depth >= 3:
+            items.append(pc[0])
+            pc[0] += 16
+        elif r < 0.75:
+            header = pc[0]
+            pc[0] += 16
+            body = _random_program(rng, depth + 1, pc)
+            items.append(("loop", header, body, pc[0]))
+            pc[0] += 16
+        else:
+            items.append(("if", _random_program(rng, depth + 1, pc)))
+    return items
+
+
+def _random_run(rng, items: list, out: list[int]) -> None:
+    """One warp's PCs: every loop instance and iteration draws its own trips and if-outcomes."""
+    for it in items:
+        if isinstance(it, int):
+            out.append(it)
+        elif it[0] == "loop":
+            for _ in range(rng.integers(0, 5)):
+                out.append(it[1])
+                _random_run(rng, it[2], out)
+                out.append(it[3])
+        elif rng.random() < 0.5:
+            _random_run(rng, it[1], out)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_programs_exact_per_pc(tmp_path, seed):
+    """Whatever the loops' trips and the ifs do from iteration to iteration, each warp runs every
+    PC as often as traced: count the program with all but one PC's lines removed."""
+    rng = np.random.default_rng(seed)
+    pc = [0]
+    program = _random_program(rng, 0, pc)
+    exit_pc = pc[0]
+    warps = []
+    for _ in range(2):
+        cta = []
+        for _ in range(3):
+            run: list[int] = []
+            _random_run(rng, program, run)
+            cta.append(run + [exit_pc])
+        warps.append(cta)
+    text = [f"-grid dim = ({len(warps)},1,1)\n-block dim = (96,1,1)\n-nregs = 32\n-accelsim tracer version = 4\n#"]
+    for c, cta in enumerate(warps):
+        text.append(f"#BEGIN_TB\nthread block = {c},0,0")
+        for w, pcs in enumerate(cta):
+            text.append(f"warp = {w}\ninsts = {len(pcs)}")
+            text += [f"{p:04x} ffffffff 1 R{p // 16} IADD3 1 R{p // 16 + 1} 0" if p != exit_pc else
+                     f"{p:04x} ffffffff 0 EXIT 0 0" for p in pcs]
+        text.append("#END_TB")
+    (k,) = ai.import_traces(_folder(tmp_path, "\n".join(text)))
+    assert (_counts(k) == k.warp_insts).all()
+    lines = k.program.splitlines()
+    for p in sorted({p for cta in warps for pcs in cta for p in pcs} - {exit_pc}):
+        only = "\n".join(line for line in lines if line.split()[0] in ("loop", "if", "else", "end")
+                         or line.endswith(f"# {p:04x} IADD3"))
+        traced = [[pcs.count(p) for pcs in cta] for cta in warps]
+        assert ai.count_instructions(only, k.arrays, k.grid, 3).tolist() == traced, (seed, p)
+
+
 def test_xz_and_old_trace_version(tmp_path):
     """Before tracer version 3 each line starts with the block and warp ids."""
     text = _trace([[_warp_pcs([3], False)]], block=32, version=2)
