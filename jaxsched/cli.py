@@ -524,6 +524,28 @@ def cmd_import_sass(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import_traces(args: argparse.Namespace) -> int:
+    from . import accelsim_import
+
+    opmap = {}
+    for item in args.opmap or ():
+        op, eq, cls = item.partition("=")
+        check(bool(eq and op), "--opmap", item, "OP=CLASS, e.g. HMMA=fma")
+        opmap[op] = cls
+    kernels = accelsim_import.import_traces(args.traces, opmap=opmap, regs=args.regs)
+    files = accelsim_import.write_workload(kernels, args.output, source=args.traces)
+    for k in kernels:
+        loops = sum(1 for line in k.program.splitlines() if line.lstrip().startswith("loop"))
+        ifs = sum(1 for line in k.program.splitlines() if line.lstrip().startswith("if"))
+        print(f"{k.name[:60]}: grid {k.grid} x {k.threads} threads, {int(k.warp_insts.sum())} warp instructions, "
+              f"program of {len(k.program.splitlines())} lines ({loops} loops, {ifs} ifs, {len(k.arrays)} arrays)")
+    print(f"wrote {files[0]}" + (f" and {len(files) - 1} arrays in {Path(files[1]).parent}" if len(files) > 1 else ""))
+    return 0
+
+
+_COMMANDS["import-traces"] = cmd_import_traces
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="jaxsched", description=__doc__)
     parser.add_argument("--no-compile-cache", action="store_true",
@@ -631,6 +653,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grid", type=int, default=None, help="CTAs in the grid")
     p.add_argument("--threads", type=int, default=None, help="threads per CTA")
     p.add_argument("--regs", type=int, default=None, help="registers per thread (ptxas -v, cuobjdump -res-usage)")
+    p = sub.add_parser("import-traces", help="turn Accel-Sim traces (kernelslist.g, *.traceg) into a workload TOML",
+                       description="Read an Accel-Sim trace folder (its kernelslist.g and kernel .traceg files) and "
+                       "write a workload TOML with one launch per kernel: the CTA shape from each trace's header, one "
+                       "program per kernel, and per-warp trip counts and if-outcomes as .npy arrays in OUT's stem "
+                       "+ .arrays/, so that every warp executes as many instructions as traced.")
+    p.add_argument("traces", help="trace folder (with kernelslist.g) or the kernelslist.g file")
+    p.add_argument("-o", "--output", required=True, help="workload TOML to write")
+    p.add_argument("--opmap", action="append", metavar="OP=CLASS",
+                   help="instruction class of a SASS opcode (fma, alu, sfu, lds, ldg, shfl, bar); repeatable")
+    p.add_argument("--regs", type=int, default=None, help="registers per thread for every kernel (default: the "
+                   "traces' -nregs)")
     _COMMANDS["probe"] = probe_cli.add_parser(sub)  # issue 8: hardware probe
     _COMMANDS["fit"] = fit_cli.add_parser(sub)  # issue 7: optax fits (speeds, dispatch)
     return parser

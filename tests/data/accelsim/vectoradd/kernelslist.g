@@ -1,0 +1,4 @@
+MemcpyHtoD,0x00007fd165500000,400
+MemcpyHtoD,0x00007fd165500200,400
+MemcpyHtoD,0x00007fd165500400,400
+kernel-1.traceg
