@@ -1,12 +1,13 @@
 """`Kernel`: a CUDA kernel launch as the simulator sees it.
 
 A grid of CTAs of one shape, their resources (threads, registers, shared memory) and one warp
-program written in a small instruction set (`isa.Op`) with at most one loop and at most one
-divergent if/else region. Per-CTA and per-warp variation (load imbalance, divergent loops,
-branch outcomes) comes from counter-based hashes of (seed, CTA, warp), so a kernel is a few
-numbers however large its grid, and every number is a traced leaf that can be swept; or, where
-the work depends on the kernel's data, from arrays the user gives: the loop's trip count and the
-branch's lanes per CTA or per warp (`loop @rows`, `if @mask`).
+program written in a small instruction set (`isa.Op`) with loops and divergent if/else regions
+nested as in real code (up to `structure.MAX_LOOPS` and `MAX_BRANCHES`; `structure.py` has the
+rules). Per-CTA and per-warp variation (load imbalance, divergent loops, branch outcomes) comes
+from counter-based hashes of (seed, CTA, warp, loop or branch), so a kernel is a few numbers
+however large its grid, and every number is a traced leaf that can be swept; or, where the work
+depends on the kernel's data, from arrays the user gives: a loop's trip count and a branch's
+lanes per CTA or per warp (`loop @rows`, `if @mask`).
 
 Programs are written in a tiny text form (also the TOML `program` field):
 
@@ -24,6 +25,10 @@ Programs are written in a tiny text form (also the TOML `program` field):
     exit                                   # appended if missing
 
 See docs/model.md for what each instruction does, cycle by cycle.
+
+Loops and branches nest (`loop 4` ... `if 0.5` ... `loop @rows` ... `end` ... `end` ... `alu`
+... `end`), and `else` is optional. A loop's last instruction is its back-edge and must be its
+own: no inner loop or if/else may end on it.
 
 Register dependences: `out=r3` names the register an instruction writes, `dep=r1,r2` makes it
 wait for the latest results of those registers only, and `dep=-2` for the result of the
@@ -58,8 +63,8 @@ from . import tomldoc
 from .errors import (INT32_MAX, INT32_MIN, JaxschedError, check, check_bools, check_floats, check_ints, check_rows,
                      check_values, is_traced)
 from .isa import N_OPS, OP_NAMES, Op
+from .structure import MAX_BRANCHES, MAX_LOOPS, NONE as _NO, padded_count, structure_ok
 
-_NO = -1  # "no loop" / "no branch" marker in the program's structure fields
 MAX_TRIPS = 2**24 - 1  # trip counts share a 32-bit word with the if-lanes (engine.dispatch.Variation)
 MAX_LDG_BYTES = 4096
 MAX_GRID_SYNC_NS = 1e6
@@ -88,19 +93,19 @@ class Kernel(eqx.Module):
     bank_ways: Int[Array, " instr"]  # LDS: bank-conflict degree (1 = conflict-free)
     grid_sync: Bool[Array, " instr"]  # BAR that is a grid-wide barrier (`gsync`)
 
-    # structure: one loop [loop_start, loop_end], one if/else [branch_start, branch_mid) /
-    # [branch_mid, branch_end); -1 when absent
-    loop_start: Int[Array, ""]
-    loop_end: Int[Array, ""]
-    branch_start: Int[Array, ""]
-    branch_mid: Int[Array, ""]
-    branch_end: Int[Array, ""]
+    # structure (structure.py): loops and if/else regions in opening order, -1 where absent
+    loop_start: Int[Array, " loop"]
+    loop_end: Int[Array, " loop"]  # the loop's last instruction, its back-edge
+    branch_start: Int[Array, " branch"]  # if-path: branch_start .. branch_mid - 1
+    branch_mid: Int[Array, " branch"]  # else-path: branch_mid .. branch_end - 1 (none if equal)
+    branch_end: Int[Array, " branch"]
+    branch_parent: Int[Array, " branch"]  # innermost enclosing path: 2 j (if of j), 2 j + 1 (else), -1
 
-    # variation
-    trips: Int[Array, ""]  # mean loop trip count
-    trips_cta_spread: Int[Array, ""]  # per-CTA uniform offset in [-spread, +spread]
-    trips_warp_spread: Int[Array, ""]  # per-warp extra in [0, spread] (longest lane)
-    branch_if_probability: Float[Array, ""]  # per-lane probability of the if-path
+    # variation, per loop and per branch
+    trips: Int[Array, " loop"]  # mean loop trip count
+    trips_cta_spread: Int[Array, " loop"]  # per-CTA uniform offset in [-spread, +spread]
+    trips_warp_spread: Int[Array, " loop"]  # per-warp extra in [0, spread] (longest lane)
+    branch_if_probability: Float[Array, " branch"]  # per-lane probability of the if-path
     l2_hit_rate: Float[Array, ""]  # fraction of LDG bytes served by L2
     seed: Int[Array, ""]
 
@@ -109,13 +114,13 @@ class Kernel(eqx.Module):
     grid_sync_ns: Float[Array, ""]  # cost of one grid.sync() after the last warp arrives
     work_items: Int[Array, ""]  # persistent kernel: global work-queue length (0: off)
 
-    # work from data (docs/model.md section 4): row c holds CTA c's warps (columns past the CTA's
-    # warps are 0; rows past the grid are padding). Without data a table has one row of zeros,
-    # and the hashes decide.
-    trips_from_data: Bool[Array, ""]  # the loop's trip counts are `trips_data`
-    trips_data: Int[Array, "cta 32"]
-    if_from_data: Bool[Array, ""]  # the if-path lanes are `if_data`'s lane masks
-    if_data: Int[Array, "cta 32"]  # int32 bit patterns: bit l set, lane l takes the if-path
+    # work from data (docs/model.md section 4), per loop and per branch: row c holds CTA c's warps
+    # (columns past the CTA's warps are 0; rows past the grid are padding). Without data the
+    # tables have one row of zeros, and the hashes decide.
+    trips_from_data: Bool[Array, " loop"]  # the loop's trip counts are `trips_data`
+    trips_data: Int[Array, "loop cta 32"]
+    if_from_data: Bool[Array, " branch"]  # the branch's if-path lanes are `if_data`'s lane masks
+    if_data: Int[Array, "branch cta 32"]  # int32 bit patterns: bit l set, lane l takes the if-path
 
     def __check_init__(self) -> None:
         validate_kernel(self)
@@ -123,6 +128,16 @@ class Kernel(eqx.Module):
     @property
     def n_instr(self) -> int:
         return int(self.op.shape[-1])
+
+    @property
+    def n_loops(self) -> int:
+        """Loops of the (concrete, unstacked) program."""
+        return int(np.sum(np.asarray(self.loop_start) >= 0))
+
+    @property
+    def n_branches(self) -> int:
+        """If/else regions of the (concrete, unstacked) program."""
+        return int(np.sum(np.asarray(self.branch_start) >= 0))
 
     def replace(self, **changes: object) -> "Kernel":
         """A copy with some fields changed (validated)."""
@@ -139,14 +154,23 @@ def validate_kernel(kernel: Kernel, where: str = "kernel") -> None:
                       ("dynamic_smem_bytes", 0), ("static_smem_bytes", 0)):
         check_ints(getattr(kernel, name), f(name), low, INT32_MAX)
     check_ints(kernel.seed, f("seed"), INT32_MIN, INT32_MAX, "a 32-bit integer")
+    loop_fields = ("loop_start", "loop_end", "trips", "trips_cta_spread", "trips_warp_spread", "trips_from_data")
+    branch_fields = ("branch_start", "branch_mid", "branch_end", "branch_parent", "branch_if_probability",
+                     "if_from_data")
+    for fields, what, limit in ((loop_fields, "loop", MAX_LOOPS), (branch_fields, "branch", MAX_BRANCHES)):
+        first = np.shape(getattr(kernel, fields[0]))
+        for name in fields:
+            shape = np.shape(getattr(kernel, name))
+            check(len(shape) >= 1 and shape == first and 1 <= shape[-1] <= limit, f(name), f"shape {shape}",
+                  f"one entry per {what} (1 .. {limit}, -1 entries where absent), as {fields[0]} {first}")
     for name in ("trips", "trips_cta_spread", "trips_warp_spread"):
-        check_ints(getattr(kernel, name), f(name), 0, MAX_TRIPS)
-    for name in ("loop_start", "loop_end", "branch_start", "branch_mid", "branch_end"):
-        check_ints(getattr(kernel, name), f(name), _NO, INT32_MAX, "an instruction index, or -1 (none)")
+        check_ints(getattr(kernel, name), f(name), 0, MAX_TRIPS, rank=1)
+    for name in ("loop_start", "loop_end", "branch_start", "branch_mid", "branch_end", "branch_parent"):
+        check_ints(getattr(kernel, name), f(name), _NO, INT32_MAX, "an instruction index, or -1 (none)", rank=1)
     check_ints(kernel.work_items, f("work_items"), 0, MAX_WORK_ITEMS,
                f"a queue length in 0 .. {MAX_WORK_ITEMS} (0: not persistent)")
     check_floats(kernel.branch_if_probability, f("branch_if_probability"), 0.0, 1.0,
-                 "a lane probability in [0, 1]")
+                 "a lane probability in [0, 1]", rank=1)
     check_floats(kernel.l2_hit_rate, f("l2_hit_rate"), 0.0, 1.0, "a fraction in [0, 1]")
     check_floats(kernel.grid_sync_ns, f("grid_sync_ns"), 0.0, MAX_GRID_SYNC_NS,
                  f"a barrier cost in [0, {MAX_GRID_SYNC_NS:g}] ns")
@@ -160,26 +184,28 @@ def validate_kernel(kernel: Kernel, where: str = "kernel") -> None:
         check_ints(getattr(kernel, name), f(name), 0, (1 << MAX_DEP_SLOTS) - 1,
                    f"a bit set of the {MAX_DEP_SLOTS} dependence slots", rank=1)
     for name in ("trips_from_data", "if_from_data"):
-        check_bools(getattr(kernel, name), f(name))
-    for name in ("trips_data", "if_data"):
-        shape = np.shape(getattr(kernel, name))
-        check(len(shape) >= 2 and shape[-1] == MAX_WARPS, f(name), f"shape {shape}",
-              f"a table [rows, {MAX_WARPS}]: a row per CTA, a column per warp")
-    check_ints(kernel.trips_data, f("trips_data"), 0, MAX_TRIPS, f"trip counts in 0 .. {MAX_TRIPS}", rank=2)
-    check_ints(kernel.if_data, f("if_data"), INT32_MIN, INT32_MAX, "32-bit lane masks", rank=2)
+        check_bools(getattr(kernel, name), f(name), rank=1)
+    for name, count in (("trips_data", "loop_start"), ("if_data", "branch_start")):
+        shape, n = np.shape(getattr(kernel, name)), np.shape(getattr(kernel, count))[-1:]
+        check(len(shape) >= 3 and shape[-3:-2] == n and shape[-1] == MAX_WARPS, f(name), f"shape {shape}",
+              f"a table [{count.split('_')[0]}s, rows, {MAX_WARPS}]: per {count.split('_')[0]}, a row per CTA, "
+              "a column per warp")
+    check_ints(kernel.trips_data, f("trips_data"), 0, MAX_TRIPS, f"trip counts in 0 .. {MAX_TRIPS}", rank=3)
+    check_ints(kernel.if_data, f("if_data"), INT32_MIN, INT32_MAX, "32-bit lane masks", rank=3)
     leaves = (kernel.op, kernel.dep, kernel.waits, kernel.writes, kernel.bytes_per_warp, kernel.bank_ways, kernel.grid_sync, kernel.trips,
               kernel.trips_cta_spread, kernel.trips_warp_spread, kernel.loop_start, kernel.loop_end,
-              kernel.branch_start, kernel.branch_mid, kernel.branch_end, kernel.grid_ctas, kernel.work_items,
-              kernel.trips_from_data, kernel.if_from_data)
+              kernel.branch_start, kernel.branch_mid, kernel.branch_end, kernel.branch_parent, kernel.grid_ctas,
+              kernel.work_items, kernel.trips_from_data, kernel.if_from_data)
     if any(is_traced(x) for x in leaves):
         return
     for name in ("trips", "if"):
-        on, rows = np.asarray(getattr(kernel, f"{name}_from_data")), np.shape(getattr(kernel, f"{name}_data"))[-2]
+        on, rows = np.asarray(getattr(kernel, f"{name}_from_data")).any(-1), np.shape(getattr(kernel, f"{name}_data"))[-2]
         check_values(np.asarray(kernel.grid_ctas), f(f"{name}_data"), lambda g: ~on | (rows >= g),
                      f"a row per CTA: {rows} rows for the grid")
+    n_loops = np.sum(np.asarray(kernel.loop_start) >= 0, -1)
     check_values(np.asarray(kernel.work_items), f("work_items"),
-                 lambda w: (w == 0) | ~np.asarray(kernel.trips_from_data),
-                 "a persistent kernel's loop takes its trips from the work queue, not from data")
+                 lambda w: (w == 0) | ((n_loops == 1) & ~np.asarray(kernel.trips_from_data).any(-1)),
+                 "a persistent kernel has one loop, whose trips come from the work queue (not from data)")
     op = np.asarray(kernel.op)
     n = op.shape[-1]
     for name in ("dep", "waits", "writes", "bytes_per_warp", "bank_ways", "grid_sync"):
@@ -191,28 +217,18 @@ def validate_kernel(kernel: Kernel, where: str = "kernel") -> None:
     longest = (np.asarray(kernel.trips, np.int64) + np.asarray(kernel.trips_cta_spread, np.int64)
                + np.asarray(kernel.trips_warp_spread, np.int64))
     check_values(longest, f("trips"), lambda t: t <= MAX_TRIPS,
-                 f"trips + cta_spread + warp_spread <= {MAX_TRIPS} (the longest warp's trip count)")
+                 f"trips + cta_spread + warp_spread <= {MAX_TRIPS} (the longest warp's trip count)", rank=1)
     is_exit = op == Op.EXIT
     exit_at = np.where(is_exit.any(-1), np.argmax(is_exit, -1), n)
     tail = np.arange(n) >= exit_at[..., None]
     check_rows(op, np.all(~tail | is_exit, -1) & (exit_at < n), f("op"),
                "the program ends in exit (op 7), and only exits follow the first one", rank=1)
     i = lambda name: np.asarray(getattr(kernel, name), np.int64)  # noqa: E731
-    ls, le, bs, bm, be = i("loop_start"), i("loop_end"), i("branch_start"), i("branch_mid"), i("branch_end")
-    no_loop = (ls == _NO) & (le == _NO)
-    check_rows(np.stack([ls, le], -1), no_loop | ((0 <= ls) & (ls <= le) & (le < exit_at)),
-               f"{where}.(loop_start, loop_end)", "0 <= loop_start <= loop_end before the exit, or both -1 (no loop)",
-               rank=1)
-    no_branch = (bs == _NO) & (bm == _NO) & (be == _NO)
-    check_rows(np.stack([bs, bm, be], -1), no_branch | ((0 <= bs) & (bs < bm) & (bm < be) & (be <= exit_at)),
-               f"{where}.(branch_start, branch_mid, branch_end)",
-               "0 <= branch_start < branch_mid < branch_end <= the exit, or all -1 (no if/else)", rank=1)
-    inside = (ls <= bs) & (be - 1 < le)
-    outside = (be <= ls) | (bs > le)
-    check_rows(np.stack([ls, le, bs, bm, be], -1), no_loop | no_branch | inside | outside,
-               f"{where}.(loop_start, loop_end, branch_start, branch_mid, branch_end)",
-               "the if/else lies wholly inside or outside the loop, and does not end on its last instruction",
-               rank=1)
+    ok, rule = structure_ok(i("loop_start"), i("loop_end"), i("branch_start"), i("branch_mid"), i("branch_end"),
+                            i("branch_parent"), exit_at)
+    check_rows(np.concatenate([i("loop_start"), i("loop_end"), i("branch_start"), i("branch_mid"),
+                               i("branch_end"), i("branch_parent")], -1), ok,
+               f"{where}.(loop_start, loop_end, branch_start, branch_mid, branch_end, branch_parent)", rule, rank=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,9 +246,12 @@ class Instr:
 
 @dataclasses.dataclass
 class _Structure:
-    # start, end, trips (a number, or the name of an array), cta, warp spreads
-    loop: tuple[int, int, int | str, int, int] | None = None
-    branch: tuple[int, int, int, float | str] | None = None  # start, mid, end, probability or array name
+    """A parsed program's loops and branches, in the order they open (`structure.py`)."""
+
+    # start, end, trips (a number, or the name of an array), cta spread, warp spread
+    loops: list[tuple[int, int, int | str, int, int]] = dataclasses.field(default_factory=list)
+    # start, mid, end, probability or array name, parent path (structure.py)
+    branches: list[tuple[int, int, int, float | str, int]] = dataclasses.field(default_factory=list)
 
 
 def parse_program(text: str) -> tuple[list[Instr], _Structure]:
@@ -241,8 +260,10 @@ def parse_program(text: str) -> tuple[list[Instr], _Structure]:
     instrs: list[Instr] = []
     names: dict[tuple[int, str], list[str]] = {}  # (instruction, "out" or "dep") -> register names
     lines: list[int] = []  # the program line of each instruction
-    struct = _Structure()
-    stack: list[tuple[str, int, tuple, int]] = []  # (kind, start index, params, line)
+    loops: dict[int, tuple] = {}  # by number, in opening order
+    branches: dict[int, tuple] = {}
+    stack: list[list] = []  # [kind, number, start index, params, line] of the open regions
+    closed: list[tuple[int, int]] = []  # (start, last instruction) of every region closed so far
     exit_line = 0
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
@@ -253,44 +274,49 @@ def parse_program(text: str) -> tuple[list[Instr], _Structure]:
         where = f"program line {lineno}"
         check(not exit_line, where, line, f"nothing may follow `exit` (line {exit_line})")
         if head == "loop":
-            check(struct.loop is None and not any(s[0] == "loop" for s in stack), where, line,
-                  "at most one loop per program")
-            check(not stack, where, line, "a loop cannot sit inside an if/else")
+            check(len(loops) < MAX_LOOPS, where, line, f"at most {MAX_LOOPS} loops per program")
             if rest and rest[0].startswith("@"):
                 check(len(rest) == 1, where, line, "`loop @NAME` takes its trip counts from the array NAME, "
                       "without spreads")
                 trips, opts = _array_name(rest[0], where), {}
             else:
                 trips, opts = _args(rest, where, ("cta_spread", "warp_spread"))
-            stack.append(("loop", len(instrs), (trips, opts.get("cta_spread", 0), opts.get("warp_spread", 0)),
-                          lineno))
+            loops[len(loops)] = None
+            stack.append(["loop", len(loops) - 1, len(instrs),
+                          (trips, opts.get("cta_spread", 0), opts.get("warp_spread", 0)), lineno])
         elif head == "if":
-            check(struct.branch is None and not any(s[0] in ("if", "else") for s in stack), where,
-                  line, "at most one if/else per program")
+            check(len(branches) < MAX_BRANCHES, where, line, f"at most {MAX_BRANCHES} if/else regions per program")
             check(len(rest) == 1, where, line, "`if P` takes one lane probability (or `if @NAME` an array)")
             if rest[0].startswith("@"):
                 p = _array_name(rest[0], where)
             else:
                 p = _number(rest[0], where, float)
                 check(0.0 <= p <= 1.0, where, p, "the if-probability must be in [0, 1]")
-            stack.append(("if", len(instrs), (p,), lineno))
+            path = next((2 * s[1] + (s[0] == "else") for s in reversed(stack) if s[0] != "loop"), _NO)
+            branches[len(branches)] = None
+            stack.append(["if", len(branches) - 1, len(instrs), (p, path), lineno])
         elif head == "else":
             check(bool(stack) and stack[-1][0] == "if", where, line, "`else` without `if`")
-            _, start, params, opened = stack.pop()
-            check(len(instrs) > start, where, line, "the if-block is empty")
-            stack.append(("else", start, (params[0], len(instrs)), opened))
+            check(len(instrs) > stack[-1][2], where, line, "the if-block is empty")
+            stack[-1][0] = "else"
+            stack[-1][3] += (len(instrs),)
         elif head == "end":
             check(bool(stack), where, line, "`end` without `loop` or `if`")
-            kind, start, params, _ = stack.pop()
+            kind, number, start, params, _ = stack.pop()
             check(len(instrs) > start, where, line, f"the {kind}-block is empty")
+            last = len(instrs) - 1
             if kind == "loop":
-                struct.loop = (start, len(instrs) - 1, *params)
+                check(not any(s >= start and e == last for s, e in closed), where, line,
+                      "the loop's last instruction (its back-edge) ends an inner loop or if/else: add an "
+                      "instruction after the inner `end` (the loop's own branch, e.g. `alu`)")
+                loops[number] = (start, last, *params)
             elif kind == "if":
-                raise JaxschedError(where, line, "an `if` needs an `else` block (write the else-path)")
+                branches[number] = (start, len(instrs), len(instrs), *params)
             else:
-                p, mid = params
-                check(len(instrs) > mid, where, line, "the else-block is empty")
-                struct.branch = (start, mid, len(instrs), p)
+                p, path, mid = params
+                check(len(instrs) > mid, where, line, "the else-block is empty (drop the `else`)")
+                branches[number] = (start, mid, len(instrs), p, path)
+            closed.append((start, last))
         else:
             check(head in OP_NAMES or head == "gsync", where, head,
                   f"unknown instruction; expected one of {OP_NAMES}, gsync or loop/if/else/end")
@@ -315,18 +341,13 @@ def parse_program(text: str) -> tuple[list[Instr], _Structure]:
                                 grid_sync=head == "gsync"))
             lines.append(lineno)
     if stack:
-        kind, _, _, opened = stack[-1]
+        kind, _, _, _, opened = stack[-1]
         raise JaxschedError(f"program line {opened}", kind, f"this `{kind}` has no `end`")
     if not instrs or instrs[-1].op != Op.EXIT:
         instrs.append(Instr(Op.EXIT))
-    if struct.loop is not None and struct.branch is not None:
-        ls, le = struct.loop[:2]
-        bs, _, be = struct.branch[:3]
-        inside = ls <= bs and be - 1 < le
-        outside = be <= ls or bs > le
-        check(inside or outside, "program", "if/else", "must lie wholly inside or outside the loop, "
-              "and not end on the loop's last instruction")
     check(len(instrs) >= 2, "program", "empty", "needs at least one instruction before exit")
+    struct = _Structure(loops=[loops[k] for k in range(len(loops))],
+                        branches=[branches[b] for b in range(len(branches))])
     instrs = assign_slots(instrs, names, struct, lines)
     bars = {ins.grid_sync for ins in instrs if ins.op == Op.BAR}
     check(len(bars) < 2, "program", "bar and gsync", "a program uses either CTA barriers or grid "
@@ -369,11 +390,11 @@ def assign_slots(instrs: list[Instr], names: dict[tuple[int, str], list[str]], s
             deps[i] = outs[j]
     read = list(dict.fromkeys(r for i in sorted(deps) for r in deps[i]))
     slot = {r: 1 + n % (MAX_DEP_SLOTS - 1) for n, r in enumerate(read)}
-    loop = struct.loop
     for i, regs in deps.items():
         for r in regs:
             writers = [j for j, o in outs.items() if r in o]
-            carried = loop is not None and loop[0] <= i <= loop[1] and any(loop[0] <= j <= loop[1] for j in writers)
+            carried = any(start <= i <= end and any(start <= j <= end for j in writers)
+                          for start, end, *_ in struct.loops)
             check(any(j < i for j in writers) or carried, f"program line {lines[i]}", f"dep={r}",
                   "a dependence on a register no earlier instruction writes (nor one in the same loop)")
     out = []
@@ -473,20 +494,20 @@ def make_kernel(
     if any(ins.grid_sync for ins in instrs):
         check(bool(cooperative), "program", "gsync", "grid.sync() needs a cooperative launch "
               "(cooperative = true), as in CUDA")
-    check(work_items == 0 or struct.loop is not None, "work_items", work_items,
-          "a persistent kernel needs a loop: each work item is one iteration of it")
+    check(work_items == 0 or len(struct.loops) == 1, "work_items", work_items,
+          "a persistent kernel needs a loop, exactly one: each work item is one iteration of it")
     n = len(instrs)
     if pad_to is not None:
         check(pad_to >= n, "pad_to", pad_to, f"the program has {n} instructions")
         instrs = instrs + [Instr(Op.EXIT)] * (pad_to - n)
-    loop = struct.loop or (_NO, _NO, 0, 0, 0)
-    branch = struct.branch or (_NO, _NO, _NO, 0.0)
-    tables = _data_tables(loop[2], branch[3], {} if arrays is None else arrays, grid, -(-threads // 32))
-    check(work_items == 0 or not isinstance(loop[2], str), "work_items", work_items,
+    loops = struct.loops or [(_NO, _NO, 0, 0, 0)]
+    branches = struct.branches or [(_NO, _NO, _NO, 0.0, _NO)]
+    tables = _data_tables([lp[2] for lp in loops], [br[3] for br in branches], {} if arrays is None else arrays,
+                          grid, -(-threads // 32))
+    check(work_items == 0 or not isinstance(loops[0][2], str), "work_items", work_items,
           "a persistent kernel's loop takes its trips from the work queue, not from an array")
-    loop = loop[:2] + (0 if isinstance(loop[2], str) else loop[2],) + loop[3:]
-    branch = branch[:3] + (0.0 if isinstance(branch[3], str) else branch[3],)
     i32 = lambda v: np.asarray(v, dtype=np.int32)  # noqa: E731
+    col = lambda rows, k, named=0: [named if isinstance(r[k], str) else r[k] for r in rows]  # noqa: E731
     return Kernel(
         name=name,
         grid_ctas=i32(grid),
@@ -501,15 +522,16 @@ def make_kernel(
         bytes_per_warp=i32([ins.bytes_per_warp for ins in instrs]),
         bank_ways=i32([ins.bank_ways for ins in instrs]),
         grid_sync=np.asarray([ins.grid_sync for ins in instrs], dtype=bool),
-        loop_start=i32(loop[0]),
-        loop_end=i32(loop[1]),
-        branch_start=i32(branch[0]),
-        branch_mid=i32(branch[1]),
-        branch_end=i32(branch[2]),
-        trips=i32(loop[2]),
-        trips_cta_spread=i32(loop[3]),
-        trips_warp_spread=i32(loop[4]),
-        branch_if_probability=np.asarray(branch[3], dtype=np.float32),
+        loop_start=i32(col(loops, 0)),
+        loop_end=i32(col(loops, 1)),
+        branch_start=i32(col(branches, 0)),
+        branch_mid=i32(col(branches, 1)),
+        branch_end=i32(col(branches, 2)),
+        branch_parent=i32(col(branches, 4)),
+        trips=i32(col(loops, 2)),
+        trips_cta_spread=i32(col(loops, 3)),
+        trips_warp_spread=i32(col(loops, 4)),
+        branch_if_probability=np.asarray(col(branches, 3, 0.0), dtype=np.float32),
         l2_hit_rate=np.asarray(l2_hit_rate, dtype=np.float32),
         seed=i32(seed),
         cooperative=np.asarray(bool(cooperative)),
@@ -519,37 +541,47 @@ def make_kernel(
     )
 
 
-def _data_tables(trips: int | str, branch: float | str, arrays: Mapping[str, object], grid: int,
+def _data_tables(trips: list[int | str], branches: list[float | str], arrays: Mapping[str, object], grid: int,
                  warps: int) -> dict[str, np.ndarray]:
-    """The `Kernel` data fields for the arrays the program names (`trips`, `branch`: an array
-    name or a number), each checked: its shape, its values, and that every array is used."""
+    """The `Kernel` data fields for the arrays the program names (per loop `trips`, per branch
+    `branches`: an array name or a number), each checked: its shape, its values, and that every
+    array is used. Loops and branches may share an array."""
     check(isinstance(arrays, Mapping), "arrays", type(arrays).__name__, "a mapping of array names to arrays")
-    used = [name for name in (trips, branch) if isinstance(name, str)]
+    used = list(dict.fromkeys(name for name in trips + branches if isinstance(name, str)))
     for name in arrays:
         check(name in used, f"arrays.{name}", "unused", f"the program names {used or 'no array'} "
               "(`loop @NAME`, `if @NAME`)")
     for name in used:
         check(name in arrays, f"arrays.{name}", "missing", f"the program names it; give it in arrays= "
               f"(shape [{grid}] per CTA or [{grid}, {warps}] per warp)")
-    out = {"trips_from_data": np.asarray(False), "trips_data": np.zeros((1, MAX_WARPS), np.int32),
-           "if_from_data": np.asarray(False), "if_data": np.zeros((1, MAX_WARPS), np.int32)}
-    if isinstance(trips, str):
-        out["trips_from_data"] = np.asarray(True)
-        out["trips_data"] = _table(arrays[trips], f"arrays.{trips}", grid, warps, 0, MAX_TRIPS,
+    named = lambda xs: [isinstance(x, str) for x in xs]  # noqa: E731
+    rows = grid if any(named(trips) + named(branches)) else 1
+    trips_data = np.zeros((len(trips), rows, MAX_WARPS), np.int32)
+    if_data = np.zeros((len(branches), rows, MAX_WARPS), np.int32)
+    for k, name in enumerate(trips):
+        if isinstance(name, str):
+            trips_data[k] = _table(arrays[name], f"arrays.{name}", grid, warps, 0, MAX_TRIPS,
                                    f"trip counts in 0 .. {MAX_TRIPS}")
-    if isinstance(branch, str):
-        a = np.asarray(arrays[branch])
-        if a.dtype == bool:
-            a = np.where(a, -1, 0)
-        elif a.dtype.kind == "u" or (a.dtype.kind == "i" and a.size and a.max() > INT32_MAX):
-            a = a.astype(np.int64)
-            check(bool(np.all((a >= 0) & (a < 2**32))), f"arrays.{branch}", f"{a.min()} .. {a.max()}",
-                  "32-bit lane masks (0 .. 2^32 - 1, or int32 bit patterns)")
-            a = np.where(a > INT32_MAX, a - 2**32, a)
-        out["if_from_data"] = np.asarray(True)
-        out["if_data"] = _table(a, f"arrays.{branch}", grid, warps, INT32_MIN, INT32_MAX,
-                                "booleans or 32-bit lane masks")
-    return out
+    for b, name in enumerate(branches):
+        if isinstance(name, str):
+            if_data[b] = _table(_lane_masks(arrays[name], f"arrays.{name}"), f"arrays.{name}", grid, warps,
+                                INT32_MIN, INT32_MAX, "booleans or 32-bit lane masks")
+    return {"trips_from_data": np.asarray(named(trips)), "trips_data": trips_data,
+            "if_from_data": np.asarray(named(branches)), "if_data": if_data}
+
+
+def _lane_masks(values: object, field: str) -> np.ndarray:
+    """A branch array as int32 lane masks: booleans (the whole warp, or none of it) or 32-bit
+    patterns (unsigned, or int32 bit patterns)."""
+    a = np.asarray(values)
+    if a.dtype == bool:
+        return np.where(a, -1, 0)
+    if a.dtype.kind == "u" or (a.dtype.kind == "i" and a.size and a.max() > INT32_MAX):
+        a = a.astype(np.int64)
+        check(bool(np.all((a >= 0) & (a < 2**32))), field, f"{a.min()} .. {a.max()}",
+              "32-bit lane masks (0 .. 2^32 - 1, or int32 bit patterns)")
+        a = np.where(a > INT32_MAX, a - 2**32, a)
+    return a
 
 
 def _table(values: object, field: str, grid: int, warps: int, low: int, high: int, what: str) -> np.ndarray:
@@ -564,30 +596,57 @@ def _table(values: object, field: str, grid: int, warps: int, low: int, high: in
     return table
 
 
-def pad_program(kernel: Kernel, n_instr: int) -> Kernel:
-    """`kernel` with its program padded by trailing EXITs to `n_instr` instructions (kernels of
-    different programs then share one compiled simulation)."""
+def pad_program(kernel: Kernel, n_instr: int, loops: int | None = None, branches: int | None = None) -> Kernel:
+    """`kernel` with its program padded by trailing EXITs to `n_instr` instructions, and its loop
+    and branch fields by absent entries to `loops` and `branches` (default: as they are), so that
+    kernels of different programs share one compiled simulation."""
     extra = n_instr - kernel.n_instr
     check(extra >= 0, "pad_to", n_instr, f"the program has {kernel.n_instr} instructions")
-    pad = lambda x, v: np.concatenate([np.asarray(x), np.full(extra, v, np.asarray(x).dtype)])  # noqa: E731
+
+    def pad(x: object, v: object, n: int | None = None, axis: int = -1) -> np.ndarray:
+        a = np.asarray(x)
+        more = extra if n is None else n - a.shape[axis]
+        check(more >= 0, "pad_program", n, f"the program has {a.shape[axis]} loops or branches")
+        shape = list(a.shape)
+        shape[axis] = more
+        return np.concatenate([a, np.full(shape, v, a.dtype)], axis)
+
+    n_l = np.shape(kernel.loop_start)[-1] if loops is None else loops
+    n_b = np.shape(kernel.branch_start)[-1] if branches is None else branches
+    per_loop = {name: pad(getattr(kernel, name), v, n_l) for name, v in (
+        ("loop_start", _NO), ("loop_end", _NO), ("trips", 0), ("trips_cta_spread", 0), ("trips_warp_spread", 0),
+        ("trips_from_data", False))}
+    per_branch = {name: pad(getattr(kernel, name), v, n_b) for name, v in (
+        ("branch_start", _NO), ("branch_mid", _NO), ("branch_end", _NO), ("branch_parent", _NO),
+        ("branch_if_probability", 0.0), ("if_from_data", False))}
     return kernel.replace(op=pad(kernel.op, int(Op.EXIT)), dep=pad(kernel.dep, False),
                           waits=pad(kernel.waits, 0), writes=pad(kernel.writes, 0),
                           bytes_per_warp=pad(kernel.bytes_per_warp, 0), bank_ways=pad(kernel.bank_ways, 1),
-                          grid_sync=pad(kernel.grid_sync, False))
+                          grid_sync=pad(kernel.grid_sync, False), **per_loop, **per_branch,
+                          trips_data=pad(kernel.trips_data, 0, n_l, -3), if_data=pad(kernel.if_data, 0, n_b, -3))
+
+
+def structure_sizes(kernel: Kernel) -> tuple[int, int]:
+    """(loops, branches) a compiled simulation of a (concrete) kernel pads to
+    (`structure.padded_count` of its real loops and branches)."""
+    return padded_count(kernel.n_loops, MAX_LOOPS), padded_count(kernel.n_branches, MAX_BRANCHES)
 
 
 def data_rows(kernel: Kernel) -> int:
     """Rows a (concrete) kernel's data tables need in a compiled simulation: its grid if the
     program takes anything from data, else 1 (the tables are then never read)."""
-    return int(kernel.grid_ctas) if bool(kernel.trips_from_data) or bool(kernel.if_from_data) else 1
+    on = bool(np.any(kernel.trips_from_data)) or bool(np.any(kernel.if_from_data))
+    return int(kernel.grid_ctas) if on else 1
 
 
 def pad_data(kernel: Kernel, rows: int) -> Kernel:
     """`kernel` with its data tables padded with zero rows, or cut, to `rows` rows (at least
     `data_rows(kernel)`), so that kernels of one batch share their shapes."""
     def fit(x: object) -> np.ndarray:
-        a = np.asarray(x)[:rows]
-        return np.concatenate([a, np.zeros((rows - a.shape[0], MAX_WARPS), a.dtype)])
+        a = np.asarray(x)[..., :rows, :]
+        pad = list(a.shape)
+        pad[-2] = rows - a.shape[-2]
+        return np.concatenate([a, np.zeros(pad, a.dtype)], -2)
 
     return kernel.replace(trips_data=fit(kernel.trips_data), if_data=fit(kernel.if_data))
 

@@ -53,6 +53,8 @@ class Shapes:
     free_sms: bool = True  # SMs may run on their own time between chip events (engine/decouple.py)
     data_rows: int = 1  # rows of each launch's data tables (kernel.data_rows: 1 without data)
     dep_slots: int = 1  # dependence slots per warp: the highest slot the batch's programs write, + 1
+    loops: int = 1  # loop entries per program (structure.py; absent ones are -1)
+    branches: int = 1  # if/else entries per program
 
     @property
     def warps_per_scheduler(self) -> int:
@@ -87,26 +89,27 @@ class Launch(eqx.Module):
     l2_cost: Int[Array, " instr"]
     dram_cost: Int[Array, " instr"]
     grid_sync: Bool[Array, " instr"]
-    # structure and variation
-    loop_start: Int[Array, ""]
-    loop_end: Int[Array, ""]
-    branch_start: Int[Array, ""]
-    branch_mid: Int[Array, ""]
-    branch_end: Int[Array, ""]
-    trips: Int[Array, ""]
-    trips_cta_spread: Int[Array, ""]
-    trips_warp_spread: Int[Array, ""]
-    branch_threshold: Int[Array, ""]
+    # structure and variation (kernel.py, structure.py): per loop and per branch
+    loop_start: Int[Array, " loop"]
+    loop_end: Int[Array, " loop"]
+    branch_start: Int[Array, " branch"]
+    branch_mid: Int[Array, " branch"]
+    branch_end: Int[Array, " branch"]
+    branch_parent: Int[Array, " branch"]
+    trips: Int[Array, " loop"]
+    trips_cta_spread: Int[Array, " loop"]
+    trips_warp_spread: Int[Array, " loop"]
+    branch_threshold: Int[Array, " branch"]
     seed: Int[Array, ""]
     grid_sync_ticks: Int[Array, ""]
     cta_launch_ticks: Int[Array, ""]  # a freed CTA slot takes its next CTA this much later
     taken_branch_cycles: Int[Array, ""]  # a warp jumping back to its loop start waits this long
     launch_idle_cycles: Int[Array, ""]  # starved scheduler-cycles an SM collects per refill, 0: off
     work_items: Int[Array, ""]  # persistent kernel's queue length, 0: off
-    trips_from_data: Bool[Array, ""]  # trip counts from `trips_data` (else the hashes, section 4)
-    trips_data: Int[Array, "cta 32"]
-    if_from_data: Bool[Array, ""]  # if-path lane masks from `if_data`
-    if_data: Int[Array, "cta 32"]
+    trips_from_data: Bool[Array, " loop"]  # trip counts from `trips_data` (else the hashes, section 4)
+    trips_data: Int[Array, "loop cta 32"]
+    if_from_data: Bool[Array, " branch"]  # if-path lane masks from `if_data`
+    if_data: Int[Array, "branch cta 32"]
     dvfs: DvfsLaunch
 
 
@@ -138,6 +141,8 @@ def shapes_for(arch: Arch, kernel: Kernel) -> Shapes:
         max_ctas=int(kernel.grid_ctas),
         data_rows=data_rows(kernel),
         dep_slots=dep_slots(kernel),
+        loops=int(np.shape(kernel.loop_start)[-1]),
+        branches=int(np.shape(kernel.branch_start)[-1]),
     )
 
 
@@ -188,8 +193,8 @@ def validate(arch: Arch, kernel: Kernel, clocks: Clocks) -> None:
         check(bool(kernel.cooperative), "program", "gsync", "grid.sync() needs a cooperative launch")
         check(not (bars & ~grid_bars).any(), "program", "bar and gsync",
               "a program uses either CTA barriers or grid barriers")
-    check(int(kernel.work_items) == 0 or int(kernel.loop_start) >= 0, "work_items", int(kernel.work_items),
-          "a persistent kernel needs a loop: each work item is one iteration of it")
+    check(int(kernel.work_items) == 0 or kernel.n_loops == 1, "work_items", int(kernel.work_items),
+          "a persistent kernel needs a loop, exactly one: each work item is one iteration of it")
     if bool(kernel.cooperative):
         fit = int(occ.blocks_per_sm) * arch.sm_count
         check(int(kernel.grid_ctas) <= fit, "grid_ctas", int(kernel.grid_ctas),
@@ -307,6 +312,7 @@ def _lower(
         branch_start=i32(kernel.branch_start),
         branch_mid=i32(kernel.branch_mid),
         branch_end=i32(kernel.branch_end),
+        branch_parent=i32(kernel.branch_parent),
         trips=i32(kernel.trips),
         trips_cta_spread=i32(kernel.trips_cta_spread),
         trips_warp_spread=i32(kernel.trips_warp_spread),

@@ -114,16 +114,23 @@ def warp_lanes(w: int, warps_per_cta: int, lanes_last_warp: int) -> int:
     return lanes_last_warp if w == warps_per_cta - 1 else 32
 
 
-def warp_trips(seed: int, trips: int, cta_spread: int, warp_spread: int, c: int, w: int) -> int:
-    """Loop trip count of warp `w` of CTA `c`: mean + per-CTA offset + per-warp extra, >= 0."""
-    cta_off = hash3(seed, 1, c, 0) % (2 * cta_spread + 1) - cta_spread
-    warp_add = hash3(seed, 2, c, w) % (warp_spread + 1)
+def warp_trips(seed: int, trips: int, cta_spread: int, warp_spread: int, c: int, w: int, loop: int = 0) -> int:
+    """Trip count of loop `loop` for warp `w` of CTA `c`: mean + per-CTA offset + per-warp
+    extra, >= 0."""
+    cta_off = hash3(seed, 1, c, loop) % (2 * cta_spread + 1) - cta_spread
+    warp_add = hash3(seed, 2, c, w + 32 * loop) % (warp_spread + 1)
     return max(0, trips + cta_off + warp_add)
 
 
-def warp_if_lanes(seed: int, branch_threshold: int, c: int, w: int, lanes: int) -> int:
-    """Lanes of warp `w` of CTA `c` that take the if-path of the divergent branch."""
-    return sum(1 for l in range(lanes) if (hash3(seed, 3, c, 32 * w + l) >> 8) < branch_threshold)
+def warp_if_mask(seed: int, branch_threshold: int, c: int, w: int, lanes: int, branch: int = 0) -> int:
+    """Lanes of warp `w` of CTA `c` that would take the if-path of branch `branch`, as a bit mask
+    (bit l: lane l), before the paths around the branch."""
+    return sum(1 << l for l in range(lanes) if (hash3(seed, 3, c, 1024 * branch + 32 * w + l) >> 8) < branch_threshold)
+
+
+def warp_if_lanes(seed: int, branch_threshold: int, c: int, w: int, lanes: int, branch: int = 0) -> int:
+    """How many lanes of warp `w` of CTA `c` take the if-path of branch `branch` (on its own)."""
+    return bin(warp_if_mask(seed, branch_threshold, c, w, lanes, branch)).count("1")
 
 
 # --- static program description ----------------------------------------------------------------
@@ -148,31 +155,71 @@ class Program:
         self.l2_cost = ints(launch.l2_cost)
         self.dram_cost = ints(launch.dram_cost)
         self.grid_sync = [bool(v) for v in np.asarray(launch.grid_sync).reshape(-1)]
-        self.loop_start = int(launch.loop_start)
-        self.loop_end = int(launch.loop_end)
-        self.branch_start = int(launch.branch_start)
-        self.branch_mid = int(launch.branch_mid)
-        self.branch_end = int(launch.branch_end)
+        self.loops = [(int(a), int(b)) for a, b in zip(ints(launch.loop_start), ints(launch.loop_end)) if a >= 0]
+        self.branches = [(int(a), int(m), int(e), int(p)) for a, m, e, p in zip(
+            ints(launch.branch_start), ints(launch.branch_mid), ints(launch.branch_end), ints(launch.branch_parent))
+            if a >= 0]
+        # Regions opening at each instruction, outermost first: the longer first, a branch before
+        # a loop of the same span, then in opening order (section 6).
+        regions = [(e - a, 1, -k, "loop", k) for k, (a, e) in enumerate(self.loops)]
+        regions += [(e - 1 - a, 2, -b, "branch", b) for b, (a, _, e, _) in enumerate(self.branches)]
+        firsts = [self.loops[k][0] if kind == "loop" else self.branches[k][0] for *_, kind, k in regions]
+        self.opening: dict[int, list[tuple[str, int]]] = {}
+        for (_, _, _, kind, k), first in sorted(zip(regions, firsts), key=lambda rf: rf[0][:3], reverse=True):
+            self.opening.setdefault(first, []).append((kind, k))
 
-    def resolve(self, pc: int, trips_left: int, if_lanes: int, else_lanes: int) -> int:
-        """Section 6: apply rules 1, 2, 3, 1 once each (skip zero-trip loops, empty paths)."""
-        if pc == self.loop_start and trips_left == 0:
-            pc = self.loop_end + 1
-        if pc == self.branch_start and if_lanes == 0:
-            pc = self.branch_mid
-        if pc == self.branch_mid and else_lanes == 0:
-            pc = self.branch_end
-        if pc == self.loop_start and trips_left == 0:
-            pc = self.loop_end + 1
-        return pc
+    def path_mask(self, b: int, side: int, lanes_mask: int, masks: list[int]) -> int:
+        """Lanes on branch `b`'s if-path (`side` 0) or else-path (1): those of the path around it
+        (`branch_parent`) that take it, or do not."""
+        parent = self.branches[b][3]
+        around = lanes_mask if parent < 0 else self.path_mask(parent // 2, parent % 2, lanes_mask, masks)
+        return around & (masks[b] if side == 0 else ~masks[b])
 
-    def active_lanes(self, pc: int, lanes: int, if_lanes: int, else_lanes: int) -> int:
-        """Section 6: lanes that execute the instruction at `pc` (SIMT serialisation)."""
-        if self.branch_start <= pc < self.branch_mid:
-            return if_lanes
-        if self.branch_mid <= pc < self.branch_end:
-            return else_lanes
-        return lanes
+    def active_lanes(self, pc: int, lanes_mask: int, masks: list[int]) -> int:
+        """Section 6: lanes that execute the instruction at `pc` (SIMT serialisation): the warp's
+        lanes on every if- or else-path that holds `pc`."""
+        active = lanes_mask
+        for b, (start, mid, end, _) in enumerate(self.branches):
+            if start <= pc < mid:
+                active &= masks[b]
+            elif mid <= pc < end:
+                active &= ~masks[b]
+        return bin(active & 0xFFFFFFFF).count("1")
+
+    def arrive(self, pc: int, warp: "Warp") -> int:
+        """Section 6: the pc a warp arriving at `pc` fetches from. At an else-path without lanes
+        the warp goes to the branch's end; at the regions opening here, outermost first, it skips
+        an if-path without lanes, and enters a loop it is not in: with no trips it skips it, else
+        its trips left start at its trip count. Repeated until nothing moves it."""
+        while True:
+            moved = False
+            for b, (start, mid, end, _) in enumerate(self.branches):
+                if mid == pc < end and not self.path_mask(b, 1, warp.lanes_mask, warp.masks):
+                    pc, moved = end, True
+                    break
+            for kind, k in ([] if moved else self.opening.get(pc, [])):
+                if kind == "branch" and not self.path_mask(k, 0, warp.lanes_mask, warp.masks):
+                    pc, moved = self.branches[k][1], True
+                    break
+                if kind == "loop" and k not in warp.loops_left:
+                    if warp.trips[k] == 0:
+                        pc, moved = self.loops[k][1] + 1, True
+                        break
+                    warp.loops_left[k] = warp.trips[k]
+            if not moved:
+                return pc
+
+    def leave(self, i: int, warp: "Warp") -> int | None:
+        """Section 6: after instruction `i`, the start of the loop whose back-edge it takes (the
+        innermost loop ending at `i` with trips left, one trip counted down), or None; a loop
+        ending at `i` with its last trip done is left."""
+        for k in sorted((k for k, (_, e) in enumerate(self.loops) if e == i),
+                        key=lambda k: self.loops[k][1] - self.loops[k][0]):
+            if warp.loops_left[k] > 1:
+                warp.loops_left[k] -= 1
+                return self.loops[k][0]
+            del warp.loops_left[k]
+        return None
 
 
 # --- state (section 5) -------------------------------------------------------------------------
@@ -181,17 +228,18 @@ class Program:
 class Warp:
     """One warp slot of an SM."""
 
-    __slots__ = ("active", "pc", "trips_left", "lanes", "if_lanes", "else_lanes", "age",
+    __slots__ = ("active", "pc", "trips", "loops_left", "lanes", "lanes_mask", "masks", "age",
                  "at_barrier", "ready_fixed", "ready_mio", "ready_mem", "ready_fetch", "cta_slot",
                  "kernel")
 
     def __init__(self) -> None:
         self.active = False
         self.pc = 0
-        self.trips_left = 0
+        self.trips: list[int] = []  # per loop: the warp's trip count
+        self.loops_left: dict[int, int] = {}  # the loops it is in: their trips to go
         self.lanes = 0
-        self.if_lanes = 0
-        self.else_lanes = 0
+        self.lanes_mask = 0  # bit l: lane l exists
+        self.masks: list[int] = []  # per branch: lanes that would take its if-path
         self.age = 0
         self.at_barrier = False
         # per dependence slot (section 7): when the results it holds are ready
@@ -260,6 +308,7 @@ class Chip:
         self.cta_sm = [-1] * n_ctas
         self.cta_start = [-1] * n_ctas
         self.cta_end = [-1] * n_ctas
+        self.warp_issued: list[list[int]] = [[] for _ in range(n_ctas)]  # per CTA, per warp
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -559,14 +608,17 @@ class KernelRun:
         self.base = plan.cta_base[index]
         self.submit = plan.submit_ticks[index]
         self.deps = plan.deps[index]
-        self.trips = i(launch.trips)
-        self.cta_spread = i(launch.trips_cta_spread)
-        self.warp_spread = i(launch.trips_warp_spread)
-        self.branch_threshold = i(launch.branch_threshold)
+        ints = lambda a: [int(v) for v in np.asarray(a).reshape(-1)]  # noqa: E731
+        self.trips = ints(launch.trips)  # per loop
+        self.cta_spread = ints(launch.trips_cta_spread)
+        self.warp_spread = ints(launch.trips_warp_spread)
+        self.branch_threshold = ints(launch.branch_threshold)  # per branch
         self.seed = i(launch.seed)
         # work from data (section 4): per CTA row, per warp column
-        self.trips_data = np.asarray(launch.trips_data).tolist() if bool(launch.trips_from_data) else None
-        self.if_data = np.asarray(launch.if_data).tolist() if bool(launch.if_from_data) else None
+        self.trips_data = [np.asarray(t).tolist() if on else None
+                           for t, on in zip(np.asarray(launch.trips_data), np.asarray(launch.trips_from_data))]
+        self.if_data = [np.asarray(t).tolist() if on else None
+                        for t, on in zip(np.asarray(launch.if_data), np.asarray(launch.if_from_data))]
         self.grid_sync_ticks = i(launch.grid_sync_ticks)
         self.work_items = i(launch.work_items)
         self.next = 0  # local index of the next CTA to dispatch
@@ -693,8 +745,8 @@ class _Sim:
                     f"{self.ctas_per_sm} per SM x {self.n_enabled} SMs")
         if kernel.work_items < 0:
             raise ValueError(f"work_items = {kernel.work_items} < 0")
-        if kernel.work_items > 0 and prog.loop_end < 0:
-            raise ValueError("a persistent kernel (work_items > 0) needs a loop")
+        if kernel.work_items > 0 and len(prog.loops) != 1:
+            raise ValueError("a persistent kernel (work_items > 0) needs a loop, exactly one")
 
     # section 13 --------------------------------------------------------------------------------
 
@@ -737,25 +789,24 @@ class _Sim:
         warp.kernel = kernel
         warp.cta_slot = cta_slot
         warp.lanes = warp_lanes(w, self.W, self.lanes_last_warp)
+        warp.lanes_mask = (1 << warp.lanes) - 1
         if kernel.work_items > 0:
-            warp.trips_left = 1 if self.take_item(sm, kernel) else 0
-        elif kernel.trips_data is not None:
-            warp.trips_left = kernel.trips_data[c][w]
+            warp.trips = [1 if self.take_item(sm, kernel) else 0]
         else:
-            warp.trips_left = warp_trips(kernel.seed, kernel.trips, kernel.cta_spread,
-                                         kernel.warp_spread, c, w)
-        if kernel.if_data is not None:
-            warp.if_lanes = sum((kernel.if_data[c][w] >> l) & 1 for l in range(warp.lanes))
-        else:
-            warp.if_lanes = warp_if_lanes(kernel.seed, kernel.branch_threshold, c, w, warp.lanes)
-        warp.else_lanes = warp.lanes - warp.if_lanes
+            warp.trips = [data[c][w] if data is not None else warp_trips(kernel.seed, kernel.trips[k],
+                          kernel.cta_spread[k], kernel.warp_spread[k], c, w, k)
+                          for k, (data, _) in enumerate(zip(kernel.trips_data, kernel.prog.loops))]
+        warp.masks = [(data[c][w] & warp.lanes_mask) if data is not None
+                      else warp_if_mask(kernel.seed, kernel.branch_threshold[b], c, w, warp.lanes, b)
+                      for b, (data, _) in enumerate(zip(kernel.if_data, kernel.prog.branches))]
+        warp.loops_left = {}
         warp.age = 32 * g + w
         warp.at_barrier = False
         warp.ready_fixed = [0] * MAX_DEP_SLOTS
         warp.ready_mio = [0] * MAX_DEP_SLOTS
         warp.ready_mem = [0] * MAX_DEP_SLOTS
         warp.ready_fetch = 0
-        warp.pc = kernel.prog.resolve(0, warp.trips_left, warp.if_lanes, warp.else_lanes)
+        warp.pc = kernel.prog.arrive(0, warp)
 
     def has_launch_credit(self, sm: SM) -> bool:
         """Section 9: `sm` has collected the starved scheduler-cycles a refill needs
@@ -879,6 +930,7 @@ class _Sim:
                 self.launch_warp(sm, sm.warps[j * self.W + w], kernel, g, w, j)
             chip.cta_sm[g] = sm.index
             chip.cta_start[g] = k
+            chip.warp_issued[g] = [0] * self.W
 
     # section 7 ---------------------------------------------------------------------------------
 
@@ -963,22 +1015,20 @@ class _Sim:
             sm.live[warp.cta_slot] -= 1
         sm.issued += 1
         sm.issued_op[op] += 1
-        sm.active_lanes += prog.active_lanes(i, warp.lanes, warp.if_lanes, warp.else_lanes)
-        if i == prog.loop_end and kernel.work_items > 0:
-            # persistent kernel: the back-edge takes the next work item (trips_left stays 1)
-            taken = self.take_item(sm, kernel)
-        elif i == prog.loop_end and warp.trips_left > 1:
-            warp.trips_left -= 1
-            taken = True
+        self.chip.warp_issued[warp.age // 32][warp.age % 32] += 1
+        sm.active_lanes += prog.active_lanes(i, warp.lanes_mask, warp.masks)
+        if kernel.work_items > 0 and i == prog.loops[0][1]:
+            # persistent kernel: the back-edge takes the next work item, or leaves the loop
+            back = prog.loops[0][0] if self.take_item(sm, kernel) else prog.leave(i, warp)
         else:
-            taken = False
-        if taken:  # the jump back to the loop start refetches
-            warp.pc = prog.loop_start
+            back = prog.leave(i, warp)
+        if back is not None:  # the jump back to the loop start refetches
+            warp.pc = back
             warp.ready_fetch = c + self.taken_branch_cycles
         else:
             warp.pc = i + 1
         if warp.active:  # an exited warp's pc no longer matters (it may point past the program)
-            warp.pc = prog.resolve(warp.pc, warp.trips_left, warp.if_lanes, warp.else_lanes)
+            warp.pc = prog.arrive(warp.pc, warp)
 
     def complete_cta(self, sm: SM, j: int, k: int) -> None:
         """CTA slot `j` of `sm` completes at tick `k`: the CTA's end tick, its launch's
@@ -1133,6 +1183,7 @@ class _Sim:
             "cta_start_tick": i64(self.chip.cta_start),
             "cta_end_tick": i64(self.chip.cta_end),
             "cta_kernel": i64(self.chip.cta_kernel),
+            "warp_issued": i64([row or [0] * self.W for row in self.chip.warp_issued]),  # [cta, warp]
             "kernel_ready_tick": i64([kernel.ready for kernel in self.kernels]),
             "kernel_start_tick": i64([kernel.start for kernel in self.kernels]),
             "kernel_end_tick": i64([kernel.end for kernel in self.kernels]),

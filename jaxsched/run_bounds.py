@@ -66,15 +66,21 @@ def _issue_ns(result: Result, arch: Arch, item: Kernel | Workload, sm_freq_mhz: 
 
 def waits_for_loads(kernel: Kernel) -> bool:
     """Whether every warp waits for its last global load: a `dep` instruction (EXIT included)
-    follows the program's last `ldg` outside the if/else region."""
+    follows the program's last `ldg` outside every if/else region."""
     op, dep = np.asarray(kernel.op), np.asarray(kernel.dep)
     loads = np.flatnonzero(op == Op.LDG)
     if loads.size == 0:
         return True
     after = np.arange(loads[-1] + 1, op.size)
-    start, end = int(kernel.branch_start), int(kernel.branch_end)
-    outside = (after < start) | (after >= end) if start >= 0 else np.ones(after.size, bool)
-    return bool(np.any(dep[after] & outside))
+    return bool(np.any(dep[after] & ~_conditional(kernel)[after]))
+
+
+def _conditional(kernel: Kernel) -> np.ndarray:
+    """Per instruction, whether it lies inside an if/else region (some warps may skip it)."""
+    inside = np.zeros(np.shape(kernel.op)[-1], bool)
+    for start, end in zip(np.asarray(kernel.branch_start), np.asarray(kernel.branch_end)):
+        inside[max(int(start), 0):max(int(end), 0)] = True
+    return inside
 
 
 def _memory_ns(result: Result, arch: Arch, kernels: tuple, tick_mhz: float) -> dict[str, float]:
@@ -114,14 +120,14 @@ def _load_costs(kernel: Kernel, arch: Arch, tick_mhz: float) -> tuple[float, np.
 def _exact_totals(kernel: Kernel, loads: int, l2: np.ndarray, dram: np.ndarray) -> dict[str, float] | None:
     """Every load's queue cost summed, from the count of loads issued: each warp runs the
     instructions outside the loop once and every instruction of the loop body equally often.
-    None where a load is inside the if/else (how many warps take it is random)."""
+    None where a load is inside an if/else (how many warps take it is random) or the program
+    has several loops."""
     op = np.asarray(kernel.op)
     index = np.flatnonzero(op == Op.LDG)
-    start, end = int(kernel.branch_start), int(kernel.branch_end)
-    if start >= 0 and np.any((index >= start) & (index < end)):
+    if np.any(_conditional(kernel)[index]) or kernel.n_loops > 1:
         return None
-    in_loop = (index >= int(kernel.loop_start)) & (index <= int(kernel.loop_end)) if int(kernel.loop_start) >= 0 \
-        else np.zeros(index.size, bool)
+    start, end = int(kernel.loop_start[0]), int(kernel.loop_end[0])
+    in_loop = (index >= start) & (index <= end) if start >= 0 else np.zeros(index.size, bool)
     warps = int(kernel.grid_ctas) * -(-int(kernel.threads_per_cta) // 32)
     outside = warps * int(np.sum(~in_loop))
     trips, left = divmod(loads - outside, max(int(np.sum(in_loop)), 1))

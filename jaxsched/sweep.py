@@ -222,8 +222,11 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Swee
     kspec = doc["kernel"]
     kernel = (kernel_from_dict(kspec, source, base_dir) if isinstance(kspec, dict) else load_kernel(base_dir / kspec))
     variants = _kernel_variants(doc, kernel, base_dir, source)
-    n_instr = max([kernel.n_instr] + [k.n_instr for k in variants.values()])
-    base = {"arch": arch, "kernel": pad_program(kernel, n_instr), sweep_paths.VARIANTS: variants}
+    every = [kernel, *variants.values()]
+    n_instr = max(k.n_instr for k in every)
+    loops, branches = (max(np.shape(getattr(k, f))[-1] for k in every) for f in ("loop_start", "branch_start"))
+    variants = {name: pad_program(k, n_instr, loops, branches) for name, k in variants.items()}
+    base = {"arch": arch, "kernel": pad_program(kernel, n_instr, loops, branches), sweep_paths.VARIANTS: variants}
     for name in sweep_paths.TABLES:
         base[name] = sweep_paths.GROUPS[name].base(doc.get(name, {}), arch, f"{source}: {name}")
     seed = doc.get("seed", 0)

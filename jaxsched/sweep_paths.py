@@ -197,7 +197,7 @@ class KernelGroup(PytreeGroup):
     kernel's total thread count (rounded up)."""
 
     def set(self, kernel: Kernel, field: str, value: object, where: str) -> Kernel:
-        data = {"loop": bool(kernel.trips_from_data), "branch": bool(kernel.if_from_data)}
+        data = {"loop": bool(np.any(kernel.trips_from_data)), "branch": bool(np.any(kernel.if_from_data))}
         if field in ("grid_ctas", "threads_per_cta", "threads_fixed_work"):
             check(not any(data.values()), where, value, "the kernel takes its work from arrays sized for its "
                   "grid and CTA shape (`loop @NAME`, `if @NAME`): sweep kernels (kernel.variant) instead")
@@ -212,8 +212,19 @@ class KernelGroup(PytreeGroup):
                   f"the kernel's {total} threads in CTAs of {threads} make a grid of {grid} CTAs, beyond {INT32_MAX}")
             return kernel.replace(threads_per_cta=np.asarray(threads, np.int32), grid_ctas=np.asarray(grid, np.int32))
         if field in _NEEDS:
-            start = kernel.loop_start if _NEEDS[field] == "loop" else kernel.branch_start
-            check(int(start) >= 0, where, value, f"the kernel's program has no {_NEEDS[field]}")
+            what = _NEEDS[field]
+            count = kernel.n_loops if what == "loop" else kernel.n_branches
+            check(count > 0, where, value, f"the kernel's program has no {what}")
+            check(count == 1, where, value, f"a program with one {what} (this one has {count}): the field sets "
+                  f"that {what}'s value; sweep kernels (kernel.variant) for programs of several")
+            value = (self.params[field] if self.params is not None else Param(self.kind(kernel, field))).check(
+                where, value)
+            entries = np.array(getattr(kernel, field))
+            entries[0] = value
+            try:
+                return kernel.replace(**{field: entries})
+            except JaxschedError as exc:
+                raise JaxschedError(where, value, exc.limit) from None
         return super().set(kernel, field, value, where)
 
 

@@ -38,6 +38,7 @@ from .engine.variation import warp_variation
 from .errors import JaxschedError, check
 from .isa import Op
 from .kernel import Kernel, make_kernel
+from .structure import executions
 from .lower import lower
 from .occupancy import occupancy
 
@@ -129,17 +130,18 @@ def from_result(result: Result, arch: Arch, kernel: Kernel, clocks: Clocks, *, p
 
 
 def cta_work(arch: Arch, kernel: Kernel, clocks: Clocks) -> np.ndarray:
-    """Warp instructions each CTA issues: the instructions outside the loop plus the loop body
-    times each warp's trip count (docs/model.md section 4), summed over the CTA's warps (both
-    sides of an if/else counted, as a divergent warp runs both)."""
+    """Warp instructions each CTA issues, summed over its warps: each instruction before the exit
+    as often as the loops around it run for the warp, if the if/else paths around it have lanes
+    (`structure.executions`; docs/model.md sections 4, 6)."""
     launch = lower(arch, kernel, clocks, 0, 0, 0)
     n_exit = int(np.argmax(np.asarray(kernel.op) == Op.EXIT)) + 1  # padding EXITs never run
-    start, end = int(kernel.loop_start), int(kernel.loop_end)
-    body = end - start + 1 if start >= 0 else 0
     warps = np.arange(int(launch.warps_per_cta), dtype=np.int32)
-    trips = np.asarray(jax.vmap(lambda c: warp_variation(launch, c, warps)[0])(
-        np.arange(int(kernel.grid_ctas), dtype=np.int32)), np.float64)
-    return np.sum((n_exit - body) + body * trips, axis=1)
+    trips, _, branch_lanes = (np.asarray(x) for x in jax.vmap(lambda c: warp_variation(launch, c, warps))(
+        np.arange(int(kernel.grid_ctas), dtype=np.int32)))
+    i = lambda name: np.asarray(getattr(kernel, name))  # noqa: E731
+    count = executions(i("loop_start"), i("loop_end"), i("branch_start"), i("branch_mid"), i("branch_end"),
+                       n_exit, trips, branch_lanes & 63, branch_lanes >> 6)
+    return np.sum(count, axis=(1, 2)).astype(np.float64)
 
 
 def validate(ds: xr.Dataset, where: str = "trace") -> xr.Dataset:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from hypothesis import assume
 from hypothesis import strategies as st
 
 import jax
@@ -12,10 +13,11 @@ from jaxsched import clocks
 from jaxsched.engine.run import Result, simulate_batch
 from jaxsched.hierarchy import build_hierarchy
 from jaxsched.isa import Op
-from jaxsched.kernel import MAX_DEP_SLOTS, make_kernel
+from jaxsched.kernel import MAX_DEP_SLOTS, make_kernel, pad_program
 from jaxsched.lower import DISPATCH_POLICIES, WARP_POLICIES
 
 N_INSTR = 16  # programs are padded to this length so one compilation serves every example
+STRUCTURED_LOOPS = STRUCTURED_BRANCHES = 4  # structured programs pad to these (a second compilation)
 MAX_GRID = 48
 
 
@@ -57,51 +59,91 @@ _BODY_OPS = ["fma", "alu", "sfu", "lds", "ldg", "shfl"]
 
 
 @st.composite
-def programs(draw, data_loop: bool = False, data_if: bool = False) -> str:
-    """A legal program text: straight-line code, optionally one loop and one if/else; the loop's
-    trips from the array `trips` (`data_loop`) and the if-lanes from the array `lanes` (`data_if`)
-    where asked (`data_arrays` draws them)."""
+def programs(draw, data_loop: bool = False, data_if: bool = False, structured: bool = False) -> str:
+    """A legal program text: straight-line code, optionally one loop and one if/else; or, with
+    `structured`, up to `STRUCTURED_LOOPS` loops and `STRUCTURED_BRANCHES` branches nested at
+    random (loops in branches, branches in loops, `if` without `else`) in at most `N_INSTR - 1`
+    instructions.
+    Loop trips come from the array `trips` (`data_loop`) and if-lanes from the array `lanes`
+    (`data_if`) where asked (`data_arrays` draws them)."""
 
     written: list[str] = []  # registers earlier lines write
+    counts = {"instr": 0, "loop": 0, "if": 0}
+
+    def instruction() -> str:
+        counts["instr"] += 1
+        op = draw(st.sampled_from(_BODY_OPS + ["bar"]))
+        kind = draw(st.sampled_from(["none", "all", "regs", "regs"] if written else ["none", "all"]))
+        line = op + {"none": "", "all": " dep"}.get(kind, "")
+        if kind == "regs":
+            line += " dep=" + ",".join(draw(st.lists(st.sampled_from(written), min_size=1, max_size=2,
+                                                     unique=True)))
+        if op != "bar" and draw(st.booleans()):
+            name = draw(st.sampled_from(["r0", "r1", "r2"]))
+            line += f" out={name}"
+            written.append(name)
+        if op == "ldg":
+            line += f" bytes={draw(st.sampled_from([32, 128, 512, 4096]))}"
+        if op == "lds":
+            line += f" ways={draw(st.integers(1, 8))}"
+        return line
 
     def block(n_min: int, n_max: int) -> list[str]:
-        lines = []
-        for _ in range(draw(st.integers(n_min, n_max))):
-            op = draw(st.sampled_from(_BODY_OPS + ["bar"]))
-            kind = draw(st.sampled_from(["none", "all", "regs", "regs"] if written else ["none", "all"]))
-            line = op + {"none": "", "all": " dep"}.get(kind, "")
-            if kind == "regs":
-                line += " dep=" + ",".join(draw(st.lists(st.sampled_from(written), min_size=1, max_size=2,
-                                                         unique=True)))
-            if op != "bar" and draw(st.booleans()):
-                name = draw(st.sampled_from(["r0", "r1", "r2"]))
-                line += f" out={name}"
-                written.append(name)
-            if op == "ldg":
-                line += f" bytes={draw(st.sampled_from([32, 128, 512, 4096]))}"
-            if op == "lds":
-                line += f" ways={draw(st.integers(1, 8))}"
-            lines.append(line)
-        return lines
+        return [instruction() for _ in range(draw(st.integers(n_min, n_max)))]
+
+    def loop_head() -> str:
+        counts["loop"] += 1
+        if data_loop:
+            return "loop @trips"
+        spreads = f"cta_spread={draw(st.integers(0, 3))} warp_spread={draw(st.integers(0, 3))}"
+        return f"loop {draw(st.integers(0, 6 if not structured else 3))} {spreads}"
+
+    def if_head() -> str:
+        counts["if"] += 1
+        return "if @lanes" if data_if else f"if {draw(st.sampled_from([0.0, 0.1, 0.5, 0.97, 1.0]))}"
 
     def branch() -> list[str]:
-        head = "if @lanes" if data_if else f"if {draw(st.sampled_from([0.0, 0.1, 0.5, 0.97, 1.0]))}"
-        return [head, *block(1, 2), "else", *block(1, 2), "end"]
+        return [if_head(), *block(1, 2), "else", *block(1, 2), "end"]
 
-    layout = draw(st.sampled_from(["flat", "loop", "loop+if_inside", "if+loop", "loop+if"]))
-    trips = draw(st.integers(0, 6))
-    spreads = f"cta_spread={draw(st.integers(0, 3))} warp_spread={draw(st.integers(0, 3))}"
-    loop_head = "loop @trips" if data_loop else f"loop {trips} {spreads}"
-    if layout == "flat":
-        lines = block(1, 6)
-    elif layout == "loop":
-        lines = block(0, 2) + [loop_head, *block(1, 4), "end"] + block(0, 2)
-    elif layout == "loop+if_inside":
-        lines = [loop_head, *block(0, 1), *branch(), *block(1, 2), "end"]
-    elif layout == "if+loop":
-        lines = [*branch(), loop_head, *block(1, 3), "end"]
+    def nested(depth: int) -> list[str]:
+        lines: list[str] = []
+        for _ in range(draw(st.integers(1, 3))):
+            room = N_INSTR - 6 - counts["instr"]  # slack for the back-edges and else-paths still to come
+            kinds = ["instr"]
+            if depth < 3 and room >= 2 and counts["loop"] < STRUCTURED_LOOPS:
+                kinds.append("loop")
+            if depth < 3 and room >= 2 and counts["if"] < STRUCTURED_BRANCHES:
+                kinds += ["if", "if/else"]
+            kind = draw(st.sampled_from(kinds)) if room >= 1 else None
+            if kind == "instr":
+                lines.append(instruction())
+            elif kind == "loop":
+                head = loop_head()
+                # the loop's own last instruction (its back-edge) follows whatever nests inside it
+                lines += [head, *nested(depth + 1), instruction(), "end"]
+            elif kind is not None:
+                head = if_head()
+                body = nested(depth + 1)
+                if kind == "if/else":
+                    body += ["else", *nested(depth + 1)]
+                lines += [head, *body, "end"]
+        return lines or [instruction()]
+
+    if structured:
+        lines = nested(0)
+        assume(counts["instr"] <= N_INSTR - 1)
     else:
-        lines = [loop_head, *block(1, 3), "end", *branch()]
+        layout = draw(st.sampled_from(["flat", "loop", "loop+if_inside", "if+loop", "loop+if"]))
+        if layout == "flat":
+            lines = block(1, 6)
+        elif layout == "loop":
+            lines = block(0, 2) + [loop_head(), *block(1, 4), "end"] + block(0, 2)
+        elif layout == "loop+if_inside":
+            lines = [loop_head(), *block(0, 1), *branch(), *block(1, 2), "end"]
+        elif layout == "if+loop":
+            lines = [*branch(), loop_head(), *block(1, 3), "end"]
+        else:
+            lines = [loop_head(), *block(1, 3), "end", *branch()]
     lines.append("exit dep" if draw(st.booleans()) else "exit")
     return "\n".join(lines)
 
@@ -148,7 +190,8 @@ def configurations(draw) -> dict:
     threads = draw(st.integers(1, 1024))
     grid = draw(st.integers(1, MAX_GRID))
     data_loop, data_if = draw(st.sampled_from([(False, False)] * 4 + [(True, False), (False, True), (True, True)]))
-    program = draw(programs(data_loop, data_if))
+    structured = draw(st.booleans())
+    program = draw(programs(data_loop, data_if, structured))
     kernel = make_kernel(
         program,
         grid=grid,
@@ -160,6 +203,8 @@ def configurations(draw) -> dict:
         seed=draw(st.integers(-(2**31), 2**31 - 1)),
         pad_to=N_INSTR,
     )
+    if structured:
+        kernel = pad_program(kernel, N_INSTR, STRUCTURED_LOOPS, STRUCTURED_BRANCHES)
     freqs = [draw(st.integers(300, 2000)) for _ in range(arch.n_sm_slots)]
     return dict(
         arch=arch,

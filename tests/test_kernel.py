@@ -35,8 +35,8 @@ def test_docstring_program_parses():
     assert [i.dep for i in instrs] == [False, True, False, True, True, False, False]
     assert [i.bytes_per_warp for i in instrs] == [128, 0, 0, 0, 0, 0, 0]
     assert [i.bank_ways for i in instrs] == [1, 1, 2, 1, 1, 1, 1]
-    assert struct.loop == (0, 2, 64, 8, 4)
-    assert struct.branch == (3, 4, 5, 0.25)
+    assert struct.loops == [(0, 2, 64, 8, 4)]
+    assert struct.branches == [(3, 4, 5, 0.25, -1)]
 
 
 def test_docstring_program_kernel_arrays():
@@ -47,10 +47,10 @@ def test_docstring_program_kernel_arrays():
     np.testing.assert_array_equal(k.dep, [0, 1, 0, 1, 1, 0, 0])
     np.testing.assert_array_equal(k.bytes_per_warp, [128, 0, 0, 0, 0, 0, 0])
     np.testing.assert_array_equal(k.bank_ways, [1, 1, 2, 1, 1, 1, 1])
-    assert (int(k.loop_start), int(k.loop_end)) == (0, 2)
-    assert (int(k.branch_start), int(k.branch_mid), int(k.branch_end)) == (3, 4, 5)
-    assert (int(k.trips), int(k.trips_cta_spread), int(k.trips_warp_spread)) == (64, 8, 4)
-    assert float(k.branch_if_probability) == 0.25
+    assert (k.loop_start.tolist(), k.loop_end.tolist()) == ([0], [2])
+    assert (k.branch_start.tolist(), k.branch_mid.tolist(), k.branch_end.tolist()) == ([3], [4], [5])
+    assert (k.trips.tolist(), k.trips_cta_spread.tolist(), k.trips_warp_spread.tolist()) == ([64], [8], [4])
+    assert k.branch_if_probability.tolist() == [0.25] and k.branch_parent.tolist() == [-1]
     assert float(k.l2_hit_rate) == 0.75
     assert (int(k.grid_ctas), int(k.threads_per_cta), int(k.regs_per_thread)) == (10, 128, 40)
     assert (int(k.dynamic_smem_bytes), int(k.static_smem_bytes), int(k.seed)) == (1024, 512, 3)
@@ -63,16 +63,46 @@ def test_docstring_program_kernel_arrays():
 def test_no_loop_no_branch_marked_minus_one():
     k = make_kernel("alu\nshfl dep", grid=1, threads=32)
     np.testing.assert_array_equal(k.op, [Op.ALU, Op.SHFL, Op.EXIT])
-    for field in ("loop_start", "loop_end", "branch_start", "branch_mid", "branch_end"):
-        assert int(getattr(k, field)) == -1, field
-    assert int(k.trips) == 0 and float(k.branch_if_probability) == 0.0
+    for field in ("loop_start", "loop_end", "branch_start", "branch_mid", "branch_end", "branch_parent"):
+        assert getattr(k, field).tolist() == [-1], field
+    assert k.trips.tolist() == [0] and k.branch_if_probability.tolist() == [0.0]
+    assert (k.n_loops, k.n_branches) == (0, 0)
 
 
 def test_if_inside_loop_and_branch_after_loop():
     _, s = parse_program("loop 3\n fma\n if 0.5\n  sfu\n else\n  alu\n end\n fma dep\nend")
-    assert s.loop == (0, 3, 3, 0, 0) and s.branch == (1, 2, 3, 0.5)
+    assert s.loops == [(0, 3, 3, 0, 0)] and s.branches == [(1, 2, 3, 0.5, -1)]
     _, s = parse_program("loop 3\n fma\nend\nif 1\n sfu\nelse\n alu\nend")
-    assert s.loop == (0, 0, 3, 0, 0) and s.branch == (1, 2, 3, 1.0)
+    assert s.loops == [(0, 0, 3, 0, 0)] and s.branches == [(1, 2, 3, 1.0, -1)]
+
+
+def test_nested_structure_in_opening_order():
+    """Loops and branches are numbered as they open; a branch names the path around it."""
+    _, s = parse_program("""
+loop 4
+  fma
+  if 0.5
+    loop 3
+      alu
+    end
+    if 0.25
+      sfu
+    end
+  else
+    loop @rows
+      lds
+    end
+  end
+  alu
+end
+if 0.3
+  fma
+end""")
+    assert s.loops == [(0, 4, 4, 0, 0), (1, 1, 3, 0, 0), (3, 3, "rows", 0, 0)]
+    # branch 0: if-path 1..2, else 3..3; branch 1 inside branch 0's if-path, without else
+    assert s.branches == [(1, 3, 4, 0.5, -1), (2, 3, 3, 0.25, 0), (5, 6, 6, 0.3, -1)]
+    _, s = parse_program("if 0.5\n fma\nelse\n if 0.5\n  alu\n else\n  sfu\n end\nend")
+    assert s.branches == [(0, 1, 3, 0.5, -1), (1, 2, 3, 0.5, 1)]
 
 
 def test_exit_appended_when_missing():
@@ -100,7 +130,7 @@ def test_pad_to():
     np.testing.assert_array_equal(k.dep, [False, True] + [False] * 6)
     np.testing.assert_array_equal(k.bytes_per_warp, [64] + [0] * 7)
     np.testing.assert_array_equal(k.bank_ways, [1] * 8)
-    assert (int(k.loop_start), int(k.loop_end), int(k.trips)) == (0, 1, 4)
+    assert (k.loop_start.tolist(), k.loop_end.tolist(), k.trips.tolist()) == ([0], [1], [4])
     # exactly full: no padding; padding is the only difference from the unpadded kernel
     assert make_kernel(prog, grid=2, threads=64, pad_to=3).n_instr == 3
     unpadded = make_kernel(prog, grid=2, threads=64)
@@ -126,7 +156,7 @@ def test_example_kernel_loads(path):
     op = np.asarray(k.op)
     assert op[-1] == Op.EXIT and np.sum(op == Op.EXIT) == 1
     assert 0.0 <= float(k.l2_hit_rate) <= 1.0
-    assert int(k.loop_start) <= int(k.loop_end) < k.n_instr - 1
+    assert np.all(k.loop_start <= k.loop_end) and np.all(k.loop_end < k.n_instr - 1)
 
 
 def test_divergent_example_fields():
@@ -136,9 +166,9 @@ def test_divergent_example_fields():
         k.op, [Op.LDS, Op.FMA, Op.SFU, Op.SFU, Op.FMA, Op.BAR, Op.EXIT])
     np.testing.assert_array_equal(k.dep, [0, 1, 1, 1, 1, 0, 1])
     np.testing.assert_array_equal(k.bank_ways, [2, 1, 1, 1, 1, 1, 1])
-    assert (int(k.trips), int(k.trips_cta_spread), int(k.trips_warp_spread)) == (32, 24, 8)
-    assert (int(k.branch_start), int(k.branch_mid), int(k.branch_end)) == (2, 4, 5)
-    assert float(k.branch_if_probability) == 0.25
+    assert (k.trips.tolist(), k.trips_cta_spread.tolist(), k.trips_warp_spread.tolist()) == ([32], [24], [8])
+    assert (k.branch_start.tolist(), k.branch_mid.tolist(), k.branch_end.tolist()) == ([2], [4], [5])
+    assert k.branch_if_probability.tolist() == [0.25]
 
 
 def test_kernel_from_dict_top_level_or_table():
@@ -155,15 +185,14 @@ def test_kernel_from_dict_top_level_or_table():
 # program text, line the error must name, fragment of the message
 BAD_PROGRAMS = {
     "unknown instruction": ("fma\nfoo dep", 2, "unknown instruction"),
-    "two loops": ("loop 2\n fma\nend\nloop 3\n fma\nend", 4, "at most one loop"),
-    "nested loops": ("loop 2\n loop 3\n  fma\n end\nend", 2, "at most one loop"),
-    "loop inside if": ("if 0.5\n loop 2\n  fma\n end\nelse\n fma\nend", 2, "inside an if"),
-    "two ifs": ("if 0.5\n fma\nelse\n alu\nend\nif 0.5\n fma\nelse\n alu\nend", 6,
-                "at most one if"),
-    "if without else": ("if 0.5\n fma\nend", 3, "else"),
+    "nested loops sharing the back-edge": ("loop 2\n loop 3\n  fma\n end\nend", 5, "back-edge"),
+    "branch ending on the back-edge": ("loop 2\n fma\n if 0.5\n  fma\n else\n  alu\n end\nend", 8, "back-edge"),
+    "33 loops": ("loop 1\n fma\nend\n" * 32 + "loop 1\n fma\nend", 97, "at most 32 loops"),
+    "33 branches": ("if 0.5\n fma\nend\n" * 32 + "if 0.5\n fma\nend", 97, "at most 32 if/else"),
     "empty loop": ("fma\nloop 2\nend", 3, "empty"),
     "empty if-block": ("if 0.5\nelse\n fma\nend", 2, "if-block is empty"),
     "empty else-block": ("if 0.5\n fma\nelse\nend", 4, "else-block is empty"),
+    "else after else": ("if 0.5\n fma\nelse\n alu\nelse\n sfu\nend", 5, "without `if`"),
     "end without opener": ("fma\nend", 2, "without"),
     "else without if": ("fma\nelse", 2, "without"),
     "bytes on fma": ("fma\nalu bytes=64", 2, "ldg only"),
@@ -222,9 +251,19 @@ def test_empty_programs():
             parse_program(text)
 
 
-def test_branch_ending_on_loop_end_rejected():
-    with pytest.raises(js.JaxschedError, match="inside or outside the loop"):
-        parse_program("loop 2\n fma\n if 0.5\n  fma\n else\n  alu\n end\nend")
+def test_structure_fields_checked_when_built_by_hand():
+    """A structure set field by field (not parsed) is checked too: regions nest, a loop's last
+    instruction is its own, branch_parent names the path around each branch."""
+    k = make_kernel("loop 2\n fma\n alu\nend\nif 0.5\n fma\nend", grid=1, threads=32)
+    bad = {"crossing regions": dict(branch_start=np.int32([1]), branch_mid=np.int32([3]), branch_end=np.int32([3])),
+           "inner ends on the back-edge": dict(branch_start=np.int32([1]), branch_mid=np.int32([2]),
+                                               branch_end=np.int32([2])),
+           "wrong parent": dict(branch_parent=np.int32([0])),
+           "loop past the exit": dict(loop_end=np.int32([9]))}
+    for name, change in bad.items():
+        with pytest.raises(js.JaxschedError, match="loop_start, loop_end, branch_start"):
+            k.replace(**change)
+    k.replace(branch_start=np.int32([0]), branch_mid=np.int32([3]), branch_end=np.int32([3]))  # if around the loop
 
 
 @pytest.mark.parametrize("text,line", [("alu\nloop 2\n fma", 2), ("exit\nfma", 1)])

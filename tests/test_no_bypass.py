@@ -102,9 +102,9 @@ def test_batch_names_the_bad_configuration():
 
 def test_stacked_kernels_are_checked_per_configuration():
     stacked = js.stack([KERNEL, KERNEL, KERNEL])
-    bad = eqx.tree_at(lambda k: k.trips, stacked, np.asarray([4, 4, -1], np.int32))
+    bad = eqx.tree_at(lambda k: k.trips, stacked, np.asarray([[4], [4], [-1]], np.int32))
     err = _raises(lambda: js.kernel.validate_kernel(bad), "kernel.trips")
-    assert err.field == "configuration 2: kernel.trips" and err.value == -1
+    assert err.field == "configuration 2: kernel.trips[0]" and err.value == -1
 
 
 def test_traced_values_get_a_runtime_error():

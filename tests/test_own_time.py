@@ -72,7 +72,7 @@ def test_own_time_equals_reference(cfg: dict) -> None:
     except JaxschedError:
         return
     result = simulate_padded(**cfg)
-    event(f"dispatch {cfg['dispatch']}, CTAs {'alike' if int(cfg['kernel'].trips_cta_spread) == 0 else 'differ'}")
+    event(f"dispatch {cfg['dispatch']}, CTAs {'alike' if int(cfg['kernel'].trips_cta_spread[0]) == 0 else 'differ'}")
     assert_same(result, ref)
     for key in ("sm_energy_pj", "sm_clock_end_mhz", "trace_tick", "trace_mhz", "trace_mw", "kernel_end_tick"):
         np.testing.assert_array_equal(np.asarray(getattr(result, key)), ref[key], err_msg=key)

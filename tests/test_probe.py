@@ -422,7 +422,7 @@ def test_simulated_program_mirrors_the_committed_sass(kernel):
                 "fma_ilp": kernels.ILP_CHAINS * kernels.ILP_UNROLL, "ldg": kernels.LDG_UNROLL}[kernel]
     unroll = body["FFMA"] / per_trip  # ptxas unrolls work_ldg's trip loop 4 times
     sim = case.sim_kernel(H200, 32)
-    ops = np.asarray(sim.op)[int(sim.loop_start): int(sim.loop_end) + 1]
+    ops = np.asarray(sim.op)[int(sim.loop_start[0]): int(sim.loop_end[0]) + 1]
     n_ldg = int(np.sum(ops == js.Op.LDG))
     assert int(np.sum(ops == js.Op.FMA)) == body["FFMA"] / unroll
     assert n_ldg == body["LDG"] / unroll

@@ -712,7 +712,7 @@ def test_issued_and_lanes_match_program_with_loop_and_divergent_branch():
     """
     kernel = make_kernel(program, grid=12, threads=100, seed=11)
     launch = lowered(H200, kernel)
-    threshold = int(launch.branch_threshold)
+    threshold = int(launch.branch_threshold[0])
     assert threshold == round(0.3 * 2**24)
     trips = [reference.warp_trips(11, 1, 3, 1, c, w) for c in range(12) for w in range(4)]
     assert min(trips) == 0 and max(trips) >= 2  # covers zero-trip warps

@@ -102,7 +102,7 @@ def test_arrays_in_toml_inline_and_npy(tmp_path) -> None:
     (tmp_path / "file.toml").write_text(f'[kernel]\n{base}[kernel.arrays]\nt = "trips.npy"\n')
     (tmp_path / "inline.toml").write_text(f'[kernel]\n{base}arrays = {{t = [[1, 2], [3, 4], [0, 5]]}}\n')
     a, b = load_kernel(tmp_path / "file.toml"), load_kernel(tmp_path / "inline.toml")
-    np.testing.assert_array_equal(a.trips_data[:, :2], trips)
+    np.testing.assert_array_equal(a.trips_data[0, :, :2], trips)
     np.testing.assert_array_equal(a.trips_data, b.trips_data)
     (tmp_path / "bad.toml").write_text(f'[kernel]\n{base}arrays = {{t = "missing.npy"}}\n')
     with pytest.raises(js.JaxschedError, match=r"bad.toml: kernel.arrays.t .*readable .npy"):

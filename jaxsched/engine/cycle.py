@@ -24,7 +24,7 @@ from .state import INF, N_PIPES, NO_WARP, State, Warps
 from .slots import by_scheduler, cta_slot_of, per_warp, q_index
 from .status import (blocked_split, interval_cycles, mem_cycle, one_of_class, op_class, ready_counts, scan, stall_rows,
                      throttled, waited)
-from .variation import resolve_pc
+from .variation import active_lanes, back_edge, resolve_pc
 
 LRR, GTO, OLDEST = 0, 1, 2
 
@@ -188,7 +188,8 @@ def _issue(state: State, launch: Launch, shapes: Shapes, launches: Launches, k: 
     pick = lambda x: _of_selected(x, sel, q_sel, shapes)  # noqa: E731
     pc_s = jnp.clip(pick(w.pc), 0, shapes.n_instr - 1)
     launch_s = pick(w.launch) if shapes.n_launches > 1 else jnp.zeros_like(pc_s)
-    trips_s, lanes_s, if_lanes_s = pick(w.trips_left), pick(w.lanes), pick(w.if_lanes)
+    trips_s, lanes_s = jnp.stack([pick(x) for x in w.trips_left]), pick(w.lanes)
+    branch_s = jnp.stack([pick(x) for x in w.branch_lanes])
     fields = instruction_fields(launches, launch_s, pc_s)
     op_s, _, lat_s, issue64_s, mio_cost_s, mem_lat_s, l2_s, dram_s, writes_s = (
         jnp.where(has, fields[..., i], 0) for i in range(9))
@@ -218,12 +219,14 @@ def _issue(state: State, launch: Launch, shapes: Shapes, launches: Launches, k: 
     arrive = has & (op_s == Op.BAR)
     grid_arrive = arrive & launch.grid_sync[pc_s]
     exits = has & (op_s == Op.EXIT)
-    at_end = has & (pc_s == prog.loop_end)
+    # A persistent kernel has one loop (loop 0): its back-edge takes the next work item.
     persistent = launch.work_items > 0
-    take = _take_work_items(state, launch, at_end & persistent)
-    back = jnp.where(persistent, take, at_end & (trips_s > 1))
-    trips_left_s = jnp.where(back & ~persistent, trips_s - 1, trips_s)
-    next_pc = resolve_pc(prog, jnp.where(back, prog.loop_start, pc_s + 1), trips_left_s, if_lanes_s, lanes_s)
+    take = _take_work_items(state, launch, has & (pc_s == prog.loop_end[0]) & persistent)
+    full = jnp.stack([pick(x) for x in w.trips]) if shapes.loops > 1 else None
+    back, target, trips_left_s = back_edge(prog, pc_s, trips_s, full, jnp.where(persistent, take[None], trips_s > 1))
+    back = has & back
+    trips_left_s = jnp.where(persistent | ~has[None], trips_s, trips_left_s)
+    next_pc = resolve_pc(prog, target, trips_left_s, branch_s)
 
     # The issuing warp's ready times, and its next instruction's blocked interval, which starts
     # at the SM's next cycle; EXIT leaves, BAR waits for the release (wake INF meanwhile).
@@ -246,16 +249,14 @@ def _issue(state: State, launch: Launch, shapes: Shapes, launches: Launches, k: 
     wake = jnp.where(stops, INF, blocked.wake)
 
     # Lanes active in the issued instruction (SIMT efficiency): an if/else path runs its lanes.
-    in_if = (pc_s >= prog.branch_start) & (pc_s < prog.branch_mid)
-    in_else = (pc_s >= prog.branch_mid) & (pc_s < prog.branch_end)
-    active_lanes = jnp.where(in_if, if_lanes_s, jnp.where(in_else, lanes_s - if_lanes_s, lanes_s))
+    active = active_lanes(prog, pc_s, lanes_s, branch_s)
     slot_s = jnp.arange(shapes.schedulers, dtype=jnp.int32)[:, None] + shapes.schedulers * q_sel
     return dict(
         pc=jnp.where(exits, NO_WARP, next_pc), trips=trips_left_s, fixed=ready_fixed, short=ready_mio,
         mem=ready_mem, fetch=ready_fetch, wake=wake, cls=op_class(op_next),
         pipe_free64=pipe_free64, mio=mio,  # [pipe, sched, sm] and [sm]
         op=op_s, arrive=arrive, grid_arrive=grid_arrive, exits=exits, take=take, l2=l2_s, dram=dram_s,
-        active_lanes=jnp.where(has, active_lanes, 0), cta_of_sel=cta_slot_of(slot_s, launch.warps_per_cta, shapes),
+        active_lanes=jnp.where(has, active, 0), cta_of_sel=cta_slot_of(slot_s, launch.warps_per_cta, shapes),
         blocked_cycles=interval_cycles(blocked, has & ~stops),  # [3, sched, sm]
         ready=ready_before - jnp.where(has, one_of_class(pick(w.issue_class)), 0),
         next_wake=jnp.minimum(next_wake_before, jnp.min(jnp.where(has, wake, INF), axis=0)),  # [sm]

@@ -65,16 +65,17 @@ class Decoupling(NamedTuple):
 
 
 def trip_bounds(launch: Launch) -> tuple[Int[Array, ""], Int[Array, ""]]:
-    """The fewest cycles one warp spends on one trip of the loop, and the fewest instructions it
-    issues on one (int64; 0 without a loop).
+    """The fewest cycles one warp spends on one trip of its loop, and the fewest instructions it
+    issues on one (int64; 0 unless the program has one loop, at index 0).
 
     A warp issues one instruction per cycle at most; an instruction that waits for the result of
     the one before it issues no earlier than that one's latency; the taken
     back-edge refetches for `taken_branch_cycles`. A trip may skip either side of an if/else
-    inside the loop, not both; with one, only the instruction count bounds the cycles."""
+    inside the loop, not both; with one, only the instruction count bounds the cycles; with
+    several, or with several loops, the bounds are 0 (nothing is assumed)."""
     n = launch.op.shape[0]
     i = jnp.arange(n, dtype=jnp.int32)
-    start, end = launch.loop_start, launch.loop_end
+    start, end = launch.loop_start[0], launch.loop_end[0]
     body = (i >= start) & (i <= end)
     lat = jnp.maximum(launch.lat_cycles, 1).astype(jnp.int64)
     waits = (launch.op < N_PIPES) | (launch.op == Op.LDS) | (launch.op == Op.SHFL)
@@ -85,12 +86,13 @@ def trip_bounds(launch: Launch) -> tuple[Int[Array, ""], Int[Array, ""]]:
     carried = (launch.waits[jnp.clip(start, 0, n - 1)] & launch.writes[at_end]) != 0
     back = jnp.maximum(refetch, jnp.where(carried & waits[at_end], lat[at_end], 1))
     chain = jnp.sum(jnp.where(body & (i < end), gap, 0)) + back
-    b0, b1, mid = launch.branch_start, launch.branch_end, launch.branch_mid
+    b0, b1, mid = launch.branch_start[0], launch.branch_end[0], launch.branch_mid[0]
     inside = (b0 >= 0) & (b0 >= start) & (b1 <= end)
     issues = jnp.sum(body, dtype=jnp.int64) - jnp.where(inside, jnp.maximum(mid - b0, b1 - mid), 0).astype(jnp.int64)
     cycles = jnp.where(inside, jnp.maximum(issues - 1, 0) + refetch, chain)
-    looped = start >= 0
-    return jnp.where(looped, cycles, 0), jnp.where(looped, issues, 0)
+    one = ((start >= 0) & (jnp.sum(launch.loop_start >= 0) == 1) & (jnp.sum(launch.branch_start >= 0) <= 1)
+           & ((b0 < 0) | inside | (b1 <= start) | (b0 > end)))
+    return jnp.where(one, cycles, 0), jnp.where(one, issues, 0)
 
 
 def decoupling(launch: Launch, launches: Launches, variation: Variation, shapes: Shapes) -> Decoupling:
@@ -103,14 +105,14 @@ def decoupling(launch: Launch, launches: Launches, variation: Variation, shapes:
             & (launch.dispatch_policy != CLOSED_LOOP))  # which reads every SM when it holds CTAs back
     real = jnp.arange(shapes.max_ctas, dtype=jnp.int32) < launch.n_ctas
     packed = variation.packed
-    uniform = jnp.all(~real[:, None] | (packed == packed[0][None, :]))
+    uniform = jnp.all(~real[:, None, None] | (packed == packed[0][None]))
     policy = launch.dispatch_policy
     static_score = (policy == HARDWARE) | (policy == LEAST_LOADED) | (policy == WEIGHTED)
-    cycles, issues = trip_bounds(launch)
+    cycles, issues = trip_bounds(launch) if shapes.loops == 1 else (jnp.int64(0), jnp.int64(0))
     # A new CTA runs at least as long as its longest warp's trips take, and as its warps' trips
     # take to issue on the schedulers at best.
     warp = jnp.arange(packed.shape[1], dtype=jnp.int32) < launch.warps_per_cta
-    left = jnp.where(warp[None, :], jnp.maximum((packed >> 6) - 1, 0), 0).astype(jnp.int64)
+    left = jnp.where(warp[None, :], jnp.maximum(packed[..., 0] - 1, 0), 0).astype(jnp.int64)
     alone = jnp.maximum(jnp.max(left, axis=1) * cycles, jnp.sum(left, axis=1) * issues // shapes.schedulers)
     fresh = jnp.min(jnp.where(real, alone, jnp.iinfo(jnp.int64).max))
     return Decoupling(free, free & uniform & static_score, cycles, jnp.maximum(fresh, 1))
@@ -136,7 +138,7 @@ def _thresholds(state: State, launch: Launch, shapes: Shapes, d: Decoupling) -> 
     in_range = (slots[:, None] < launch.ctas_per_sm) & launch.sm_enabled
     last = hardware_position((slots + 1) * launch.warps_per_cta - 1, shapes)  # each slot's last warp
     w = state.warps
-    left = jnp.where(w.pc[last] != NO_WARP, jnp.maximum(w.trips_left[last] - 1, 0), 0).astype(jnp.int64)
+    left = jnp.where(w.pc[last] != NO_WARP, jnp.maximum(w.trips_left[0][last] - 1, 0), 0).astype(jnp.int64)
     now = state.acct.astype(jnp.int64)
     first = jnp.where(state.cta_id < 0, jnp.maximum(now, state.cta_usable_tick),
                       now + left * d.trip_cycles + launch.cta_launch_ticks)

@@ -40,10 +40,10 @@ HARDWARE, ROUND_ROBIN, LEAST_LOADED, WEIGHTED, CLOSED_LOOP = range(5)
 
 
 class Variation(NamedTuple):
-    """Per CTA and warp-in-CTA, `trips << 6 | if_lanes` (docs/model.md section 4): one gather
-    at launch instead of two. Trips < 2^24 (validated), if-lanes <= 32."""
+    """Per CTA and warp-in-CTA, its trips per loop then its lanes per branch (`if | else << 6`,
+    `variation.warp_variation`; docs/model.md section 4): one gather at launch."""
 
-    packed: Int[Array, "grid 32"]
+    packed: Int[Array, "grid 32 loop+branch"]
 
 
 def variation_tables(launch: Launch, shapes: Shapes, launches: Launches | None = None) -> Variation:
@@ -53,15 +53,15 @@ def variation_tables(launch: Launch, shapes: Shapes, launches: Launches | None =
     cta = jnp.arange(shapes.max_ctas, dtype=jnp.int32)
     warp = jnp.arange(32, dtype=jnp.int32)
     if launches is None:
-        trips, _, if_lanes = jax.vmap(lambda c: warp_variation(launch, c, warp))(cta)
+        trips, _, branch_lanes = jax.vmap(lambda c: warp_variation(launch, c, warp))(cta)
     else:
         l = jnp.maximum(launches.cta_launch, 0)
 
         def one(l: Array, c: Array) -> tuple[Array, Array, Array]:
             return warp_variation(jax.tree.map(lambda x: x[l], launch), c, warp)
 
-        trips, _, if_lanes = jax.vmap(one)(l, cta - launches.cta_base[l])
-    return Variation((trips << 6) | if_lanes)
+        trips, _, branch_lanes = jax.vmap(one)(l, cta - launches.cta_base[l])
+    return Variation(jnp.concatenate([trips, branch_lanes], axis=-1))
 
 
 class Slots(NamedTuple):
@@ -267,25 +267,27 @@ def start_warps(
     warp = jnp.clip(slot - j_of * n_w, 0, 31)[:, None]
     fresh = new[j_of] & (slot < shapes.cta_slots * n_w)[:, None]
     cta = jnp.clip(cta_id[j_of], 0, shapes.max_ctas - 1)
-    packed = variation.packed[cta, warp]
-    trips, if_lanes = packed >> 6, packed & 63
+    n_loops = shapes.loops
+    packed = jnp.moveaxis(variation.packed[cta, warp], -1, 0)  # [loop + branch, warp, sm]
+    trips, branch_lanes = packed[:n_loops], packed[n_loops:]
     warp_launch = cta_launch[j_of]
     # Persistent kernels (a workload's only launch): each new warp takes its first work item, in
     # placement then warp order.
     persistent = launch.work_items > 0
     order = (cta_id[j_of] - state.next_cta[0]) * n_w + warp
     took = fresh & persistent & (order < launch.work_items - state.items_taken)
-    trips = jnp.where(persistent, took.astype(jnp.int32), trips)
+    trips = jnp.where(persistent, took.astype(jnp.int32)[None], trips)
     lanes = jnp.where(warp == n_w - 1, launch.lanes_last_warp, 32)
-    pc0 = resolve_pc(warp_program(launches, warp_launch), jnp.zeros_like(trips), trips, if_lanes, lanes)
+    pc0 = resolve_pc(warp_program(launches, warp_launch), jnp.zeros_like(fresh, jnp.int32), trips, branch_lanes)
     op0, _ = op_and_waits(launches, warp_launch, jnp.clip(pc0, 0, shapes.n_instr - 1))
-    zero = jnp.zeros_like(trips)
+    zero = jnp.zeros_like(pc0)
     warps = replace(
         w,
         pc=jnp.where(fresh, pc0, w.pc),
         trips_left=jnp.where(fresh, trips, w.trips_left),
+        trips=jnp.where(fresh, trips, w.trips) if n_loops > 1 else w.trips,
         lanes=jnp.where(fresh, lanes, w.lanes),
-        if_lanes=jnp.where(fresh, if_lanes, w.if_lanes),
+        branch_lanes=jnp.where(fresh, branch_lanes, w.branch_lanes),
         age=jnp.where(fresh, 32 * cta + warp, w.age),
         ready_fixed=jnp.where(fresh, zero, w.ready_fixed),
         ready_mio=jnp.where(fresh, zero, w.ready_mio),

@@ -111,7 +111,7 @@ def _same_times(state: State) -> Bool[Array, " sm"]:
     v, r = _view(state), state.recurrence
     slots = jnp.all((v.fixed == r.fixed) & (v.short == r.short), axis=0)  # every dependence slot
     warps = jnp.all((v.wake == r.wake) & slots & (v.fetch == r.fetch), axis=0)
-    looping = jnp.any((v.pc != NO_WARP) & (state.warps.trips_left < r.trips), axis=0)
+    looping = jnp.any((v.pc != NO_WARP) & (state.warps.trips_left[0] < r.trips), axis=0)
     return warps & looping & jnp.all(v.pipe == r.pipe, axis=(0, 1))
 
 
@@ -163,7 +163,8 @@ def _find(state: State, look: Outlook, launch: Launch, shapes: Shapes, launches:
              & ~(jnp.any(launch.grid_sync) & since(c.sm_issued_op[Op.BAR], _OP + Op.BAR))
              & ~_could_take_cta(state, launch, shapes, launches))
     changed = _structure_changed(state, r)
-    candidate = point & r.valid & ~changed & (state.cycle > r.cycle) & quiet & _same_scalars(state, r)
+    one_loop = jnp.sum(launch.loop_start >= 0) <= 1  # trip counts of loop 0 are all that change
+    candidate = point & r.valid & ~changed & (state.cycle > r.cycle) & quiet & one_loop & _same_scalars(state, r)
     return _Found(point=point, changed=changed, recurs=candidate)
 
 
@@ -172,9 +173,9 @@ def _jump(state: State, found: _Found, launch: Launch, launches: Launches, max_t
     and end before the chip's next outside event."""
     r, w = state.recurrence, state.warps
     period = state.cycle - r.cycle
-    gains = r.trips - w.trips_left  # per warp: trips lost over the period
+    gains = r.trips - w.trips_left[0]  # per warp: trips lost over the period
     looping = (w.pc != NO_WARP) & (gains > 0)
-    per_warp = floor_div(jnp.maximum(w.trips_left - 1, 0), jnp.maximum(gains, 1))
+    per_warp = floor_div(jnp.maximum(w.trips_left[0] - 1, 0), jnp.maximum(gains, 1))
     by_trips = jnp.min(jnp.where(looping, per_warp, INF), axis=0)
     # The SM's cycles in ticks k+1 .. h-1, k the tick it ran, h the horizon.
     room = jnp.clip(horizon(state, launch, max_ticks) - 1 - state.acct, 0, _FAR)
@@ -198,12 +199,12 @@ def _apply(state: State, look: Outlook, j: _Jump, launch: Launch) -> tuple[State
     phase, the tick they resume at, and their snapshots with them."""
     r, w = state.recurrence, state.warps
     jump = j.m >= 1
-    gains = r.trips - w.trips_left
+    gains = r.trips - w.trips_left[0]
     looping = jump & (w.pc != NO_WARP) & (gains > 0)
     moved = lambda x: jnp.where(jump, x + j.shift, x)  # noqa: E731
     warps = replace(
         w,
-        trips_left=jnp.where(looping, w.trips_left - j.m * gains, w.trips_left),
+        trips_left=w.trips_left.at[0].set(jnp.where(looping, w.trips_left[0] - j.m * gains, w.trips_left[0])),
         wake=jnp.where(jump & (w.wake < INF), w.wake + j.shift, w.wake),
         ready_fixed=moved(w.ready_fixed),
         ready_mio=moved(w.ready_mio),
@@ -254,7 +255,7 @@ def _snapshot(state: State, take: Bool[Array, " sm"]) -> State:
         valid=snap(settled, r.valid),
         cycle=snap(state.cycle, r.cycle),
         pc=snap(v.pc, r.pc),
-        trips=snap(state.warps.trips_left, r.trips),
+        trips=snap(state.warps.trips_left[0], r.trips),
         wake=snap(v.wake, r.wake),
         fixed=snap(v.fixed, r.fixed),
         short=snap(v.short, r.short),
@@ -296,17 +297,21 @@ def fast_forward(runs: Run, states: State, looks: Outlook, shapes: Shapes, max_t
 
 
 def may_fast_forward(kernel: Kernel) -> bool:
-    """Whether fast-forward can ever jump a launch of `kernel` (concrete values): it needs a loop
-    of at least three trips for some warp whose body issues no global load on every pass (a
-    load inside the if/else may be skipped). Where no kernel of a batch may, the engine is
-    compiled without it (`Shapes.fast_forward`): its search would cost every step for nothing."""
-    start, end = int(kernel.loop_start), int(kernel.loop_end)
-    if start < 0:
+    """Whether fast-forward can ever jump a launch of `kernel` (concrete values): it needs a
+    program of one loop, of at least three trips for some warp, whose body issues no global load
+    on every pass (a load inside an if/else may be skipped). Where no kernel of a batch may,
+    the engine is compiled without it (`Shapes.fast_forward`): its search would cost every step
+    for nothing. Programs of several loops do not fast-forward: an inner loop's trip count
+    returns to its start at every entry, which the search's linear trip counts do not follow."""
+    if kernel.n_loops != 1:
         return False
-    longest = (int(np.max(kernel.trips_data, initial=0)) if bool(kernel.trips_from_data)
-               else int(kernel.trips) + int(kernel.trips_cta_spread) + int(kernel.trips_warp_spread))
+    k = int(np.argmax(np.asarray(kernel.loop_start) >= 0))
+    start, end = int(kernel.loop_start[k]), int(kernel.loop_end[k])
+    longest = (int(np.max(kernel.trips_data[k], initial=0)) if bool(kernel.trips_from_data[k])
+               else int(kernel.trips[k]) + int(kernel.trips_cta_spread[k]) + int(kernel.trips_warp_spread[k]))
     ops = np.asarray(kernel.op)
     body = np.arange(start, end + 1)
-    b0, b1 = int(kernel.branch_start), int(kernel.branch_end)
-    unconditional = body[(body < b0) | (body >= b1)] if b0 >= 0 else body
-    return longest >= 3 and not bool(np.any(ops[unconditional] == Op.LDG))
+    conditional = np.zeros(len(ops), bool)
+    for b0, b1 in zip(np.asarray(kernel.branch_start), np.asarray(kernel.branch_end)):
+        conditional[max(int(b0), 0):max(int(b1), 0)] = True
+    return longest >= 3 and not bool(np.any(ops[body[~conditional[body]]] == Op.LDG))

@@ -37,11 +37,11 @@ class Launches(eqx.Module):
 
     instructions: Int[Array, "launch instr 9"]  # instruction_table of each launch
     op_waits: Int[Array, "launch instr"]  # `op << 8 | waits`: all the per-slot status reads
-    loop_start: Int[Array, " launch"]
-    loop_end: Int[Array, " launch"]
-    branch_start: Int[Array, " launch"]
-    branch_mid: Int[Array, " launch"]
-    branch_end: Int[Array, " launch"]
+    loop_start: Int[Array, "launch loop"]
+    loop_end: Int[Array, "launch loop"]
+    branch_start: Int[Array, "launch branch"]
+    branch_mid: Int[Array, "launch branch"]
+    branch_end: Int[Array, "launch branch"]
     n_ctas: Int[Array, " launch"]
     cta_base: Int[Array, " launch"]  # global index g of the launch's CTA 0
     submit_ticks: Int[Array, " launch"]
@@ -90,8 +90,9 @@ def single(launch: Launch, shapes: Shapes) -> Launches:
 
 
 class WarpProgram(NamedTuple):
-    """The structure of the program each warp runs: scalars with one launch, else [sm, warp]
-    (docs/model.md section 6 reads these through `variation.resolve_pc`)."""
+    """The structure of the program each warp runs, loop or branch axis first: [loop, 1, 1]
+    with one launch, else [loop, *warp axes] (docs/model.md section 6 reads these through
+    `variation.resolve_pc`)."""
 
     loop_start: Array
     loop_end: Array
@@ -100,13 +101,13 @@ class WarpProgram(NamedTuple):
     branch_end: Array
 
 
-def _of_warp(x: Array, warp_launch: Int[Array, "warp sm"]) -> Array:
-    """Per-launch value `x` for each warp: a static slice when there is one launch."""
-    return x[0] if x.shape[0] == 1 else x[warp_launch]
-
-
 def warp_program(launches: Launches, warp_launch: Int[Array, "warp sm"]) -> WarpProgram:
-    return WarpProgram(*(_of_warp(x, warp_launch) for x in (
+    def of_warp(x: Array) -> Array:
+        if x.shape[0] == 1:
+            return x[0].reshape(x.shape[1:] + (1,) * warp_launch.ndim)
+        return jnp.moveaxis(x[warp_launch], -1, 0)
+
+    return WarpProgram(*(of_warp(x) for x in (
         launches.loop_start, launches.loop_end, launches.branch_start, launches.branch_mid,
         launches.branch_end)))
 

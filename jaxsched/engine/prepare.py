@@ -58,7 +58,9 @@ def prepare_workload(workload: Workload, arch: Arch, clocks: Clocks, n_instr: in
     for kernel in workload.kernels:
         validate(arch, kernel, clocks)
     n_instr = max(k.n_instr for k in workload.kernels) if n_instr is None else n_instr
-    kernels = tuple(pad_program(k, n_instr).replace(name="") for k in workload.kernels)
+    loops = max(np.shape(k.loop_start)[-1] for k in workload.kernels)
+    branches = max(np.shape(k.branch_start)[-1] for k in workload.kernels)
+    kernels = tuple(pad_program(k, n_instr, loops, branches).replace(name="") for k in workload.kernels)
     api_ns, gap_ns = overheads_ns(workload, arch)
     return WorkloadInput(kernels=kernels, deps=dependency_matrix(workload), graph=np.bool_(workload.mode == "graph"),
                          api_ns=np.float32(api_ns), gap_ns=np.float32(gap_ns))
@@ -72,4 +74,6 @@ def workload_shapes(arch: Arch, workload: Workload | WorkloadInput) -> Shapes:
                                max_ctas=sum(int(k.grid_ctas) for k in workload.kernels),
                                n_launches=workload.n_launches,
                                data_rows=max(data_rows(k) for k in workload.kernels),
-                               dep_slots=max(dep_slots(k) for k in workload.kernels))
+                               dep_slots=max(dep_slots(k) for k in workload.kernels),
+                               loops=max(np.shape(k.loop_start)[-1] for k in workload.kernels),
+                               branches=max(np.shape(k.branch_start)[-1] for k in workload.kernels))

@@ -199,8 +199,9 @@ def _guarded(launch: Launch, kernels: Sequence[Kernel]) -> Launch:
     for k in kernels:
         longest = k.trips.astype(jnp.int64) + k.trips_cta_spread + k.trips_warp_spread
         unit = lambda p: ~((p >= 0) & (p <= 1))  # noqa: E731  (NaN included)
-        bad_kernel |= ((k.trips < 0) | (k.trips_cta_spread < 0) | (k.trips_warp_spread < 0) | (longest > MAX_TRIPS)
-                       | unit(k.l2_hit_rate) | unit(k.branch_if_probability) | (k.grid_ctas < 1)
+        bad_kernel |= (jnp.any((k.trips < 0) | (k.trips_cta_spread < 0) | (k.trips_warp_spread < 0)
+                               | (longest > MAX_TRIPS) | unit(k.branch_if_probability))
+                       | unit(k.l2_hit_rate) | (k.grid_ctas < 1)
                        | jnp.any((k.trips_data < 0) | (k.trips_data > MAX_TRIPS)))
     tick = eqx.error_if(tick, bad_kernel, "kernel: trips, spreads, l2_hit_rate or branch_if_probability out of "
                         f"range (trip counts in 0 .. {MAX_TRIPS}, probabilities in [0, 1]) or grid_ctas < 1")
@@ -565,7 +566,8 @@ def simulate_batch(
                                                           "closed_loop_step",
                                                           "a configuration of the batch dispatches by closed_loop"),
                                  fast_forward=_fast_forward_in(fast_forward, fast_forward_step, kernels),
-                                 data_rows=1,
+                                 data_rows=1, loops=max(s.loops for s in shape_list),
+                                 branches=max(s.branches for s in shape_list),
                                  dep_slots=_padded("dep_slots", dep_slots, [s.dep_slots for s in shape_list],
                                                    "dependence slots", MAX_DEP_SLOTS))
     # data tables span the padded trace's CTAs, so that batches of other grids share a compilation

@@ -16,6 +16,7 @@ import dataclasses
 
 from ..arch import Arch
 from ..kernel import MAX_DEP_SLOTS, Kernel, pad_data, pad_program
+from ..structure import MAX_BRANCHES, MAX_LOOPS, padded_count
 from ..lower import Shapes
 from .prepare import WorkloadInput
 
@@ -28,11 +29,14 @@ def compiled_shapes(shapes: Shapes) -> Shapes:
     anything measurable: instructions are fetched by index, and the trace and the per-CTA
     variation table are written once per run and read once per CTA start and end. Programs with
     register dependences get every dependence slot, so that they share one compilation however
-    many registers each names (a program without them keeps its one slot)."""
+    many registers each names (a program without them keeps its one slot). Loop and branch
+    entries round up to a power of two (`structure.padded_count`)."""
     max_ctas = quarter_octave(shapes.max_ctas)
     return dataclasses.replace(shapes, n_instr=-(-shapes.n_instr // INSTR_QUANTUM) * INSTR_QUANTUM,
                                max_ctas=max_ctas, data_rows=1 if shapes.data_rows == 1 else max_ctas,
-                               dep_slots=1 if shapes.dep_slots == 1 else MAX_DEP_SLOTS)
+                               dep_slots=1 if shapes.dep_slots == 1 else MAX_DEP_SLOTS,
+                               loops=padded_count(shapes.loops, MAX_LOOPS),
+                               branches=padded_count(shapes.branches, MAX_BRANCHES))
 
 
 def quarter_octave(n: int) -> int:
@@ -46,11 +50,14 @@ def quarter_octave(n: int) -> int:
 
 def compiled_input(item: Kernel | WorkloadInput, shapes: Shapes) -> Kernel | WorkloadInput:
     """A kernel, or a prepared workload's kernels, padded to `shapes.n_instr` instructions and
-    `shapes.data_rows` rows of data, and unnamed."""
+    `shapes.loops` loops, `shapes.branches` branches and `shapes.data_rows` rows of data, and
+    unnamed."""
+    def fit(k: Kernel) -> Kernel:
+        return pad_data(pad_program(k, shapes.n_instr, shapes.loops, shapes.branches), shapes.data_rows)
+
     if isinstance(item, WorkloadInput):
-        return dataclasses.replace(item, kernels=tuple(pad_data(pad_program(k, shapes.n_instr), shapes.data_rows)
-                                                       for k in item.kernels))
-    return pad_data(pad_program(item, shapes.n_instr), shapes.data_rows).replace(name="")
+        return dataclasses.replace(item, kernels=tuple(fit(k) for k in item.kernels))
+    return fit(item).replace(name="")
 
 
 def unnamed(arch: Arch) -> Arch:

@@ -36,9 +36,10 @@ class Warps(eqx.Module):
     slot; the other fields only for the warp a scheduler selects (`status.py`)."""
 
     pc: Int[Array, "warp sm"]  # NO_WARP: empty or exited
-    trips_left: Int[Array, "warp sm"]
+    trips_left: Int[Array, "loop warp sm"]  # per loop: trips to go (its trips outside it)
+    trips: Int[Array, "loop warp sm"]  # per loop: the warp's trips, for its next entry (empty: one loop)
     lanes: Int[Array, "warp sm"]
-    if_lanes: Int[Array, "warp sm"]
+    branch_lanes: Int[Array, "branch warp sm"]  # per branch: lanes of its if- and else-path, `if | else << 6`
     age: Int[Array, "warp sm"]
     # per dependence slot (docs/model.md section 7): when the results it holds are ready
     ready_fixed: Int[Array, "slot warp sm"]  # SM cycle
@@ -198,9 +199,10 @@ def initial_state(shapes: Shapes) -> State:
         dispatch_hold=jnp.zeros((), bool),
         warps=Warps(
             pc=jnp.full((w, s), NO_WARP, jnp.int32),
-            trips_left=zi(w, s),
+            trips_left=zi(shapes.loops, w, s),
+            trips=zi(shapes.loops if shapes.loops > 1 else 0, w, s),
             lanes=zi(w, s),
-            if_lanes=zi(w, s),
+            branch_lanes=zi(shapes.branches, w, s),
             age=zi(w, s),
             ready_fixed=zi(d, w, s),
             ready_mio=zi(d, w, s),
