@@ -10,6 +10,10 @@ to agree best with the SMs the launch gave its first CTAs, and GTO warp scheduli
 - completion stagger of each SM's first-wave CTAs (first end over last end, medians).
 
     python benchmarks/validate_hw.py --data data/h200 -o data/h200/validate_hw.json [--cases NAME ...]
+    python benchmarks/validate_hw.py --program sass -o data/h200/validate_hw_sass.json
+
+`--program sass` simulates the programs imported from the probe kernels' own SASS
+(`jaxsched.probe.imported`) instead of the hand-written ones.
 
 `--batch N` runs N launches per `js.simulate_batch` call (programs padded to one length, one
 compilation). That pays on a GPU; on a CPU the vmapped batch steps every configuration until
@@ -35,20 +39,24 @@ sys.path.insert(0, str(ROOT))
 
 import jaxsched as js
 from jaxsched.lower import WARP_POLICIES, policy_index
-from jaxsched.probe import metrics, store
+from jaxsched.probe import imported, metrics, store
 from jaxsched.probe.suite import default_suite
 
 
 def prepare(job: dict, pad_to: int | None = None) -> dict:
-    """The simulator's inputs for one case and launch: arch, kernel, clocks, dispatch start."""
+    """The simulator's inputs for one case and launch: arch, kernel (the hand-written program, or
+    with `job["sass"]` the program imported from that SASS listing), clocks, dispatch start."""
     case = {c.name: c for c in default_suite()}[job["case"]]
     launch = job["launch"]
     base = js.presets.get(job["arch"])
     changes = {k: np.asarray(v, dtype=np.asarray(getattr(base, k)).dtype) for k, v in job.get("arch_set", {}).items()}
     arch = case.sim_arch(base.replace(**changes))
-    kernel = js.make_kernel(case.program(), grid=case.grid, threads=case.threads, regs=job["regs"],
-                            smem_bytes=case.smem_bytes(arch), l2_hit_rate=case.l2_hit_rate(),
-                            seed=case.seed, name=case.name, pad_to=pad_to)
+    if job.get("sass"):
+        kernel = imported.kernel(case, job["sass"], arch, job["regs"], pad_to=pad_to)
+    else:
+        kernel = js.make_kernel(case.program(), grid=case.grid, threads=case.threads, regs=job["regs"],
+                                smem_bytes=case.smem_bytes(arch), l2_hit_rate=case.l2_hit_rate(),
+                                seed=case.seed, name=case.name, pad_to=pad_to)
     n_enabled = int(np.sum(arch.sm_enabled))
     # each SM at the clock it ran this launch at (clock64 against %globaltimer); SMs that ran
     # nothing at the launch's median clock
@@ -92,8 +100,12 @@ def simulate_one(job: dict) -> dict:
 
 def simulate_many(jobs: list[dict]) -> list[dict]:
     """Several launches through one `js.simulate_batch` call (programs padded to one length)."""
-    pad = max(prepare(j)["kernel"].n_instr for j in jobs)
+    first = [prepare(j)["kernel"] for j in jobs]
+    pad = max(k.n_instr for k in first)
+    loops, branches = (max(np.shape(getattr(k, f))[-1] for k in first) for f in ("loop_start", "branch_start"))
     ps = [prepare(j, pad_to=pad) for j in jobs]
+    for p in ps:
+        p["kernel"] = js.kernel.pad_program(p["kernel"], pad, loops, branches)
     n = len(jobs)
     policies = [policy_index(j["warp_policy"], WARP_POLICIES, "warp_policy") for j in jobs]
     t = time.time()
@@ -131,6 +143,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", nargs="+", default=None, help="only these cases (default: all)")
     parser.add_argument("--launches", choices=("median", "all"), default="median")
     parser.add_argument("--batch", type=int, default=1, help="launches per simulate_batch call (1: simulate)")
+    parser.add_argument("--program", choices=("hand", "sass"), default="hand",
+                        help="the probe suite's hand-written programs, or programs imported from the kernels' "
+                             "SASS (DATA/sass_work.txt; jaxsched.probe.imported)")
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=NUMBER",
                         help="change scalar Arch fields of the preset, e.g. cta_launch_idle_cycles=96")
     args = parser.parse_args(argv)
@@ -145,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.cases or []) - set(summary["cases"])
     if unknown:
         parser.error(f"unknown case(s) {sorted(unknown)}; known: {', '.join(summary['cases'])}")
+    sass = (Path(args.data) / "sass_work.txt").read_text() if args.program == "sass" else ""
     jobs = []
     for name, case in summary["cases"].items():
         if args.cases and name not in args.cases:
@@ -153,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         order = np.argsort([x["makespan_ns"] for x in launches])
         picks = range(len(launches)) if args.launches == "all" else [int(order[len(order) // 2])]
         jobs += [{"case": name, "launch": launches[k], "index": k, "regs": case["regs"], "arch": args.arch,
-                  "arch_set": arch_set, "warp_policy": args.warp_policy} for k in picks]
+                  "arch_set": arch_set, "warp_policy": args.warp_policy, "sass": sass} for k in picks]
     rows: list[dict] = []
     for i in range(0, len(jobs), max(1, args.batch)):
         chunk = jobs[i:i + max(1, args.batch)]
@@ -168,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
               f"worst {s['worst_abs_percent']:.2f} % ({s['worst_case']})")
     if args.output:
         Path(args.output).write_text(json.dumps({"rows": rows, "stats": stats, "arch": args.arch,
-                                                 "arch_set": arch_set, "warp_policy": args.warp_policy}, indent=1))
+                                                 "arch_set": arch_set, "warp_policy": args.warp_policy,
+                                                 "program": args.program}, indent=1))
     return 0
 
 

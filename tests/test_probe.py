@@ -441,3 +441,18 @@ def test_live_probe_one_case(tmp_path):
     case = summary["cases"]["fma_dep_t256_w1"]
     assert case["driver_ctas_per_sm"] == case["jaxsched_ctas_per_sm"] == 8
     assert trace.load(tmp_path / "traces" / "fma_dep_t256_w1_r0.nc").sizes["cta"] == case["grid"]
+
+
+def test_every_probe_case_imports_from_its_own_sass():
+    """Each case's program imported from the committed SASS (`probe.imported`) builds a kernel
+    with the case's per-warp trips: the trip loop (and ldg's remainder loop) and the stamps."""
+    from jaxsched.probe import imported
+
+    listing = (DATA / "sass_work.txt").read_text()
+    for case in SUITE:
+        text, arrays = imported.program(case, listing)
+        kernel = imported.kernel(case, listing, H200, 32)
+        trips = case.trip_counts().reshape(case.grid, case.warps_per_cta)
+        unroll = 1 if "rest" not in arrays else 4
+        np.testing.assert_array_equal(arrays["trips"] * unroll + arrays.get("rest", 0), trips)
+        assert kernel.n_loops == (2 if case.kernel == "ldg" else 1) and "@stamp" in text
