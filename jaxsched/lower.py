@@ -24,7 +24,7 @@ from .dvfs import Dvfs, DvfsLaunch, lower_dvfs, off, tick_mhz as reachable_tick_
 from .errors import INT32_MAX, INT32_MIN, JaxschedError, check, check_floats, check_ints, check_values
 from .isa import Op
 from .kernel import MAX_DEP_SLOTS, Kernel, data_rows, validate_kernel
-from .occupancy import check_launch, occupancy
+from .occupancy import REG_SHARE_ONE, check_launch, occupancy
 from .policies import DISPATCH_POLICIES, WARP_POLICIES
 
 QUEUE_ONE_TICK = 1024  # memory-queue backlog is kept in 1/1024 of a tick
@@ -72,6 +72,10 @@ class Launch(eqx.Module):
     warps_per_cta: Int[Array, ""]
     lanes_last_warp: Int[Array, ""]
     ctas_per_sm: Int[Array, ""]
+    # what one CTA holds of its SM while resident (mixed CTA shapes, docs/model.md section 13)
+    warp_reg_share: Int[Array, ""]  # per warp, in REG_SHARE_ONE per sub-partition
+    cta_smem_bytes: Int[Array, ""]  # allocated shared memory
+    smem_per_sm_bytes: Int[Array, ""]  # the SM's shared-memory size (the carveout)
     mio_depth: Int[Array, ""]
     warp_policy: Int[Array, ""]
     dispatch_policy: Int[Array, ""]
@@ -282,6 +286,8 @@ def _lower(
                          jnp.where((op == Op.SHFL) | is_ldg, 1, 0))
 
     threads = i32(kernel.threads_per_cta)
+    regs_per_warp = -(-i32(kernel.regs_per_thread) * arch.warp_size // i32(arch.reg_alloc_unit)) * i32(arch.reg_alloc_unit)
+    warps_per_sub = (i32(arch.regs_per_sm) // arch.schedulers_per_sm) // jnp.maximum(regs_per_warp, 1)
     return Launch(
         tick_mhz=tick_mhz,
         sm_freq_mhz=freq,
@@ -291,6 +297,9 @@ def _lower(
         warps_per_cta=warps,
         lanes_last_warp=threads - arch.warp_size * (warps - 1),
         ctas_per_sm=occ.blocks_per_sm,
+        warp_reg_share=jnp.where(regs_per_warp > 0, REG_SHARE_ONE // jnp.maximum(warps_per_sub, 1), 0),
+        cta_smem_bytes=occ.smem_per_block_allocated_bytes,
+        smem_per_sm_bytes=occ.smem_per_sm_bytes,
         mio_depth=i32(arch.mio_queue_depth),
         warp_policy=i32(warp_policy),
         dispatch_policy=i32(dispatch_policy),

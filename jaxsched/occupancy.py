@@ -33,6 +33,11 @@ if TYPE_CHECKING:
 # cuda_occupancy.h uses INT_MAX for "this resource sets no limit".
 NO_LIMIT = np.iinfo(np.int32).max
 CARVEOUT_DEFAULT = -1  # SHAREDMEM_CARVEOUT_DEFAULT: prefer the largest shared size
+# CTAs of different shapes on one SM (docs/model.md section 13): a warp holds 1 / n of its
+# sub-partition's register file when n warps of its kind fit there, in units of REG_SHARE_ONE
+# per sub-partition (floor(2^20 / n)), so that one shape alone fits exactly as many CTAs as
+# the register limit above says (n <= 64 warps: the rounding never admits one more).
+REG_SHARE_ONE = 1 << 20
 
 
 class Limiter(enum.IntFlag):

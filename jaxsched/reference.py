@@ -54,6 +54,7 @@ import numpy as np
 from .errors import check
 from .isa import Op
 from .kernel import MAX_DEP_SLOTS
+from .occupancy import REG_SHARE_ONE
 
 MASK32 = 0xFFFFFFFF
 GOLDEN32 = 0x9E3779B9
@@ -270,6 +271,7 @@ class SM:
         self.usable = [0] * shapes.cta_slots  # tick from which the slot, once free, takes a CTA
         self.used = [False] * shapes.cta_slots  # has held a CTA: refilling it needs launch credit
         self.arrivals = [0] * shapes.cta_slots  # barrier arrivals
+        self.base = [0] * shapes.cta_slots  # the first warp slot of the CTA in the slot (section 13)
         self.resident = 0  # occupied CTA slots
         # [sched][FMA/ALU/SFU]: the time in 1/64 cycle from which the pipe is free
         self.pipe_free64 = [[0, 0, 0] for _ in range(shapes.schedulers)]
@@ -559,10 +561,10 @@ def dvfs_off_outputs(n_sm: int, trace_len: int) -> dict:
 
 # --- the simulation ----------------------------------------------------------------------------
 
-# `Launch` fields every launch of a workload shares: the chip, the clocks, the policies and the
-# CTA shape (section 13's launch checks make the shape equal, so occupancy is too).
-SHARED_FIELDS = ("tick_mhz", "sm_freq_mhz", "sm_enabled", "dispatch_rank", "warps_per_cta",
-                 "lanes_last_warp", "ctas_per_sm", "mio_depth", "warp_policy", "dispatch_policy",
+# `Launch` fields every launch of a workload shares: the chip, the clocks and the policies (each
+# launch has its own CTA shape: section 13).
+SHARED_FIELDS = ("tick_mhz", "sm_freq_mhz", "sm_enabled", "dispatch_rank", "mio_depth", "warp_policy",
+                 "dispatch_policy",
                  "dispatch_weight", "ema_alpha_256", "ema_prior_ticks", "cta_launch_ticks",
                  "taken_branch_cycles", "launch_idle_cycles")
 
@@ -614,6 +616,11 @@ class KernelRun:
         self.warp_spread = ints(launch.trips_warp_spread)
         self.branch_threshold = ints(launch.branch_threshold)  # per branch
         self.seed = i(launch.seed)
+        # its CTA shape and what one CTA holds of an SM (section 13)
+        self.W = i(launch.warps_per_cta)
+        self.lanes_last_warp = i(launch.lanes_last_warp)
+        self.reg_share = self.W * i(launch.warp_reg_share)
+        self.smem = i(launch.cta_smem_bytes)
         # work from data (section 4): per CTA row, per warp column
         self.trips_data = [np.asarray(t).tolist() if on else None
                            for t, on in zip(np.asarray(launch.trips_data), np.asarray(launch.trips_from_data))]
@@ -656,9 +663,10 @@ class _Sim:
         self.S = shapes.schedulers
         self.Q = shapes.warp_slots // shapes.schedulers
         self.F = int(first.tick_mhz)
-        self.W = int(first.warps_per_cta)
-        self.lanes_last_warp = int(first.lanes_last_warp)
-        self.ctas_per_sm = int(first.ctas_per_sm)
+        # CTA slots and shared memory of the launch that needs the most (section 13)
+        self.ctas_per_sm = max(int(launch.ctas_per_sm) for launch in launches)
+        self.smem_per_sm = max(int(launch.smem_per_sm_bytes) for launch in launches)
+        self.W = max(int(launch.warps_per_cta) for launch in launches)  # columns of `warp_issued`
         self.mio_depth = int(first.mio_depth)
         self.warp_policy = int(first.warp_policy)
         self.dispatch_policy = int(first.dispatch_policy)
@@ -683,8 +691,9 @@ class _Sim:
             raise ValueError(f"launch has {len(freq)} SM slots, shapes.n_sm = {shapes.n_sm}")
         if self.ctas_per_sm < 1 or self.ctas_per_sm > shapes.cta_slots:
             raise ValueError(f"ctas_per_sm = {self.ctas_per_sm} outside 1..{shapes.cta_slots}")
-        if self.ctas_per_sm * self.W > shapes.warp_slots:
-            raise ValueError("ctas_per_sm x warps_per_cta exceeds the SM's warp slots")
+        for launch in launches:
+            if int(launch.ctas_per_sm) * int(launch.warps_per_cta) > shapes.warp_slots:
+                raise ValueError("ctas_per_sm x warps_per_cta exceeds the SM's warp slots")
         self.sms = [SM(s, freq[s], enabled[s], rank[s], weight[s], self.launch_idle_cycles, shapes)
                     for s in range(shapes.n_sm)]
         self.enabled_sms = [sm for sm in self.sms if sm.enabled]
@@ -788,7 +797,7 @@ class _Sim:
         warp.active = True
         warp.kernel = kernel
         warp.cta_slot = cta_slot
-        warp.lanes = warp_lanes(w, self.W, self.lanes_last_warp)
+        warp.lanes = warp_lanes(w, kernel.W, kernel.lanes_last_warp)
         warp.lanes_mask = (1 << warp.lanes) - 1
         if kernel.work_items > 0:
             warp.trips = [1 if self.take_item(sm, kernel) else 0]
@@ -822,12 +831,43 @@ class _Sim:
         return [j for j in range(self.ctas_per_sm)
                 if sm.cta_id[j] < 0 and sm.usable[j] <= self.now and (credit or not sm.used[j])]
 
+    def cta_warp_slots(self, sm: SM, j: int) -> range:
+        """The warp slots of the CTA in CTA slot `j` of `sm` (section 13)."""
+        return range(sm.base[j], sm.base[j] + self.kernels[self.chip.cta_kernel[sm.cta_id[j]]].W)
+
+    def warp_base(self, sm: SM, kernel: KernelRun, j: int) -> int | None:
+        """Section 13: the first warp slot of a CTA of `kernel` placed in CTA slot `j` of `sm`:
+        the first start `b` in the order `j W, j W + 1, ..., 0, 1, ...` whose `W` warp slots
+        `b .. b + W - 1` are all free; None if no run of `W` free warp slots exists."""
+        held = [False] * self.shapes.warp_slots
+        for i, cta in enumerate(sm.cta_id):
+            if cta >= 0:
+                for slot in self.cta_warp_slots(sm, i):
+                    held[slot] = True
+        starts = range(self.shapes.warp_slots - kernel.W + 1)
+        free = [b for b in starts if not any(held[b:b + kernel.W])]
+        return min(free, key=lambda b: (b < j * kernel.W, b), default=None)
+
+    def fits(self, sm: SM, kernel: KernelRun) -> int:
+        """Section 13: how many more CTAs of `kernel` the registers and shared memory of `sm`
+        hold beside its resident CTAs (of any launch), and 0 if no run of its warps' slots is
+        free."""
+        if self.warp_base(sm, kernel, 0) is None:
+            return 0
+        residents = [self.kernels[self.chip.cta_kernel[g]] for g in sm.cta_id if g >= 0]
+        room = self.ctas_per_sm
+        for need, cap, used in ((kernel.reg_share, self.S * REG_SHARE_ONE, [r.reg_share for r in residents]),
+                                (kernel.smem, self.smem_per_sm, [r.smem for r in residents])):
+            if need > 0:
+                room = min(room, (cap - sum(used)) // need)
+        return room
+
     def pick_sm(self, kernel: KernelRun) -> SM | None:
         """The SM the next CTA of the head launch `kernel` goes to, or None if no enabled SM has
-        a usable free CTA slot (or the closed loop holds). "Room" and "free slots" count usable
-        free slots only (used ones only on SMs with launch credit), whatever launch occupies the
-        others."""
-        room = {sm.index: len(self.usable_slots(sm)) for sm in self.enabled_sms}
+        room (or the closed loop holds). "Room" counts usable free CTA slots only (used ones
+        only on SMs with launch credit), whatever launch occupies the others, and no more than
+        the SM's registers, shared memory and free warp slots hold (section 13)."""
+        room = {sm.index: min(len(self.usable_slots(sm)), self.fits(sm, kernel)) for sm in self.enabled_sms}
         free = [sm for sm in self.enabled_sms if room[sm.index] > 0]
         if not free:
             return None
@@ -917,17 +957,18 @@ class _Sim:
                 kernel.start = k
             kernel.next += 1
             j = self.usable_slots(sm)[0]  # lowest usable free CTA slot
+            sm.base[j] = self.warp_base(sm, kernel, j)
             if sm.used[j]:  # a refill spends the credit: at most one per SM and tick
                 sm.launch_credit -= self.launch_idle_cycles
             sm.used[j] = True  # for the rest of the run, whatever launch comes next
             sm.cta_id[j] = g
-            sm.live[j] = self.W
+            sm.live[j] = kernel.W
             sm.start[j] = k
             sm.arrivals[j] = 0
             sm.resident += 1
             sm.ctas += 1
-            for w in range(self.W):
-                self.launch_warp(sm, sm.warps[j * self.W + w], kernel, g, w, j)
+            for w in range(kernel.W):
+                self.launch_warp(sm, sm.warps[sm.base[j] + w], kernel, g, w, j)
             chip.cta_sm[g] = sm.index
             chip.cta_start[g] = k
             chip.warp_issued[g] = [0] * self.W
@@ -1046,8 +1087,8 @@ class _Sim:
         sm.arrivals[j] = 0
         sm.resident -= 1
         sm.usable[j] = k + self.cta_launch_ticks  # section 9: the launch path's latency
-        for w in range(self.W):
-            sm.warps[j * self.W + w].active = False
+        for slot in range(sm.base[j], sm.base[j] + kernel.W):
+            sm.warps[slot].active = False
 
     def sm_cycle(self, sm: SM, k: int) -> None:
         """Section 7: one cycle of SM `sm` at tick `k` (cycle index `sm.cycle`)."""
@@ -1063,8 +1104,7 @@ class _Sim:
         for j, cta in enumerate(sm.cta_id):
             if cta < 0:
                 continue
-            for w in range(self.W):
-                slot = j * self.W + w
+            for slot in self.cta_warp_slots(sm, j):
                 warp = sm.warps[slot]
                 if not warp.active:
                     continue
@@ -1094,8 +1134,8 @@ class _Sim:
             if cta < 0:
                 continue
             if sm.arrivals[j] > 0 and sm.arrivals[j] == sm.live[j]:
-                for w in range(self.W):
-                    sm.warps[j * self.W + w].at_barrier = False
+                for slot in self.cta_warp_slots(sm, j):
+                    sm.warps[slot].at_barrier = False
                 sm.arrivals[j] = 0
             if sm.live[j] == 0:
                 self.complete_cta(sm, j, k)

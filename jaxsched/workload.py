@@ -29,7 +29,6 @@ MODES = ("stream", "graph")
 MAX_LAUNCHES = 64
 OVERHEAD_FIELDS = ("launch_api_ns", "launch_gap_ns", "graph_api_ns", "graph_gap_ns")
 MAX_OVERHEAD_NS = 1e6
-_SHAPE_FIELDS = ("threads_per_cta", "regs_per_thread", "static_smem_bytes", "dynamic_smem_bytes")
 
 
 class Workload(eqx.Module):
@@ -113,18 +112,12 @@ def validate_structure(workload: Workload) -> None:
             check_floats(value, f"workload.{key}", 0.0, MAX_OVERHEAD_NS, f"in [0, {MAX_OVERHEAD_NS:g}] ns")
     check(all(isinstance(k, Kernel) for k in workload.kernels), "workload.kernels",
           [type(k).__name__ for k in workload.kernels], "jaxsched.Kernel launches")
-    first = workload.kernels[0]
     for l, kernel in enumerate(workload.kernels):
         if n > 1:
             check(not bool(kernel.cooperative), f"workload.launch[{l}].cooperative", True,
                   "a cooperative kernel must be the workload's only launch")
             check(int(kernel.work_items) == 0, f"workload.launch[{l}].work_items", int(kernel.work_items),
                   "a persistent kernel must be the workload's only launch")
-        for field in _SHAPE_FIELDS:
-            mine, theirs = int(getattr(kernel, field)), int(getattr(first, field))
-            check(mine == theirs, f"workload.launch[{l}].{field}", mine,
-                  f"equal to launch 0's ({theirs}): kernels of different CTA shapes sharing an SM "
-                  "are not modelled (docs/model.md section 13)")
 
 
 def overheads_ns(workload: Workload, arch: Arch) -> tuple[Array, Array]:

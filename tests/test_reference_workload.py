@@ -292,10 +292,10 @@ def test_bad_workloads_are_rejected_before_running():
     k = fmas(3)
     with pytest.raises(JaxschedError, match="after"):
         workload.Workload(kernels=(k, k), streams=(0, 1), after=((), (1,)))
-    other_shape = fmas(3, smem=TWO_SLOTS)
-    with pytest.raises(JaxschedError, match="dynamic_smem_bytes"):
-        workload.Workload(kernels=(k, other_shape), streams=(0, 0), after=((), ()))
+    persistent = make_kernel("loop 1\n fma dep\nend", grid=2, threads=32, smem_bytes=ONE_SLOT, work_items=4)
+    with pytest.raises(JaxschedError, match="work_items"):
+        workload.Workload(kernels=(k, persistent), streams=(0, 0), after=((), ()))
     bypassed = eqx.tree_at(lambda w: w.kernels, workload.Workload(kernels=(k, k), streams=(0, 0), after=((), ())),
-                           (k, other_shape))
-    with pytest.raises(JaxschedError, match="dynamic_smem_bytes"):
+                           (k, persistent))
+    with pytest.raises(JaxschedError, match="work_items"):
         reference.simulate(arch, bypassed)

@@ -133,9 +133,6 @@ def test_ages_prefer_the_earlier_launch() -> None:
 
 
 @pytest.mark.parametrize(("kwargs", "field"), [
-    (dict(kernels=[LONG, js.make_kernel("fma", grid=4, threads=64)]), "threads_per_cta"),
-    (dict(kernels=[LONG, js.make_kernel("fma", grid=4, threads=128, regs=64)]), "regs_per_thread"),
-    (dict(kernels=[LONG, js.make_kernel("fma", grid=4, threads=128, smem_bytes=1024)]), "dynamic_smem_bytes"),
     (dict(kernels=[LONG, js.make_kernel("loop 2\n fma\n gsync\nend", grid=4, threads=128, cooperative=True)]),
      "cooperative"),
     (dict(kernels=[js.make_kernel("loop 2\n fma\nend", grid=4, threads=128, work_items=8), LONG]), "work_items"),

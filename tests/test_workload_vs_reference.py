@@ -1,6 +1,6 @@
 """Differential test of workloads (docs/model.md section 13): the JAX engine equals the
 tick-by-tick reference exactly on random small chips, clock maps and policies running 1-4
-kernel launches with random programs, grids, memory behaviour and seeds, launch overheads (the
+kernel launches with random programs, CTA shapes, grids, memory behaviour and seeds, launch overheads (the
 architecture's or the workload's) and CTA launch latencies (0 included).
 
 The engine compiles one program per number of launches (the tests pad the CTA slots and the
@@ -38,8 +38,8 @@ STRUCTURES = (
 @st.composite
 def workload_configurations(draw) -> dict:
     """`helpers.configurations` (chip, clocks, policies, the first kernel's CTA shape) turned
-    into a workload of one of `STRUCTURES`, every launch of one CTA shape with its own program,
-    grid, memory behaviour and seed; the architecture's overheads and CTA launch latency small
+    into a workload of one of `STRUCTURES`, every launch with its own program, grid, memory
+    behaviour and seed, and half of them with their own CTA shape; the architecture's overheads and CTA launch latency small
     (the reference executes every tick), some overheads overridden by the workload."""
     cfg = draw(configurations())
     first = cfg["kernel"]
@@ -54,11 +54,18 @@ def workload_configurations(draw) -> dict:
     assume(data_rows(first) == 1 or grids[0] <= int(first.grid_ctas))
     kernels = [first.replace(grid_ctas=np.int32(grids[0]))]
     for grid in grids[1:]:
+        # half the launches keep the first's CTA shape, the others draw their own (section 13:
+        # CTAs of different shapes share an SM by registers, shared memory and warp slots)
+        same = draw(st.booleans())
         kernels.append(make_kernel(
-            draw(programs()), grid=grid, threads=int(first.threads_per_cta),
-            regs=int(first.regs_per_thread), smem_bytes=int(first.dynamic_smem_bytes),
+            draw(programs()), grid=grid,
+            threads=int(first.threads_per_cta) if same else draw(st.integers(1, 1024)),
+            regs=int(first.regs_per_thread) if same else draw(st.sampled_from([16, 32, 40, 64, 128])),
+            smem_bytes=int(first.dynamic_smem_bytes) if same else draw(st.sampled_from([0, 1000, 30000, 100000])),
             l2_hit_rate=draw(st.floats(0.0, 1.0)), seed=draw(st.integers(-(2**31), 2**31 - 1)),
             pad_to=N_INSTR))
+    event("mixed CTA shapes" if len({(int(k.threads_per_cta), int(k.regs_per_thread), int(k.dynamic_smem_bytes))
+                                     for k in kernels}) > 1 else "one CTA shape")
     overrides = {key: draw(_OVERHEAD_NS) for key in workload.OVERHEAD_FIELDS if draw(st.booleans())}
     wl = workload.make_workload(kernels, streams, after, mode, **overrides)
     event(f"{n} launch(es), {mode}")

@@ -21,7 +21,8 @@ from .launch_credit import collect, has_free_slot
 from .launches import Launches, instruction_fields, op_and_waits, per_launch_sum, update_ready, warp_program
 from .materialize import once
 from .state import INF, N_PIPES, NO_WARP, State, Warps
-from .slots import by_scheduler, cta_slot_of, per_warp, q_index
+from .residency import of_cta
+from .slots import by_scheduler, cta_slot_of, hardware_position, per_warp, q_index
 from .status import (blocked_split, interval_cycles, mem_cycle, one_of_class, op_class, ready_counts, scan, stall_rows,
                      throttled, waited)
 from .variation import active_lanes, back_edge, resolve_pc
@@ -110,6 +111,14 @@ def _of_selected(x: Array, sel: Bool[Array, "warp sm"], q_sel: Int[Array, "sched
         return jnp.sum(by_scheduler(jnp.where(sel, x, 0), shapes), axis=1, dtype=x.dtype)
     q = jnp.minimum(q_sel, shapes.warps_per_scheduler - 1)[:, None, :]
     return jnp.take_along_axis(by_scheduler(x, shapes), q, axis=1)[:, 0, :]
+
+
+def _cta_of(state: State, launch: Launch, shapes: Shapes, slot_s: Int[Array, "sched sm"]) -> Int[Array, "sched sm"]:
+    """The CTA slot of each scheduler's selected warp (hardware slot `slot_s`): the static layout
+    with one launch, the state's with several (`residency.py`)."""
+    if shapes.n_launches == 1:
+        return cta_slot_of(slot_s, launch.warps_per_cta, shapes)
+    return jnp.take_along_axis(state.warp_cta, hardware_position(slot_s, shapes), axis=0)
 
 
 def _per_cta(x: Int[Array, "sched sm"], cta_of_sel: Int[Array, "sched sm"], shapes: Shapes) -> Int[Array, "cta sm"]:
@@ -256,7 +265,7 @@ def _issue(state: State, launch: Launch, shapes: Shapes, launches: Launches, k: 
         mem=ready_mem, fetch=ready_fetch, wake=wake, cls=op_class(op_next),
         pipe_free64=pipe_free64, mio=mio,  # [pipe, sched, sm] and [sm]
         op=op_s, arrive=arrive, grid_arrive=grid_arrive, exits=exits, take=take, l2=l2_s, dram=dram_s,
-        active_lanes=jnp.where(has, active, 0), cta_of_sel=cta_slot_of(slot_s, launch.warps_per_cta, shapes),
+        active_lanes=jnp.where(has, active, 0), cta_of_sel=_cta_of(state, launch, shapes, slot_s),
         blocked_cycles=interval_cycles(blocked, has & ~stops),  # [3, sched, sm]
         ready=ready_before - jnp.where(has, one_of_class(pick(w.issue_class)), 0),
         next_wake=jnp.minimum(next_wake_before, jnp.min(jnp.where(has, wake, INF), axis=0)),  # [sm]
@@ -340,6 +349,8 @@ def run_tick(state: State, launch: Launch, shapes: Shapes, launches: Launches, o
         pipe_free64=iss["pipe_free64"],
         last=jnp.where(has, q_sel, state.last),
         cta_id=jnp.where(complete, -1, state.cta_id),
+        # a completed CTA's warp slots free with its slot (several launches: residency.py)
+        warp_cta=jnp.where((state.warp_cta >= 0) & of_cta(complete, state.warp_cta), -1, state.warp_cta),
         # The launch path needs cta_launch_ticks before a freed slot starts its next CTA.
         cta_usable_tick=jnp.where(complete, k + launch.cta_launch_ticks, state.cta_usable_tick),
         cta_live=cta_live,

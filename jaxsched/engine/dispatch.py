@@ -31,6 +31,7 @@ from ..lower import Launch, Shapes
 from .exact import floor_div
 from .launch_credit import can_launch
 from .launches import Launches, head_launch, op_and_waits, warp_program
+from .residency import first_base, free_warp_slots, new_warps, room as resource_room
 from .slots import cta_slot_of, hardware_slot
 from .state import INF, State, Warps
 from .status import op_class
@@ -75,6 +76,10 @@ class Slots(NamedTuple):
     rr_pointer: Int[Array, ""]
     credit: Int[Array, " sm"]  # launch credit (docs/model.md section 9)
     hold: Bool[Array, ""]  # closed loop chose a full SM: nothing more this tick
+    # several launches only ([0, sm] with one; engine/residency.py): the free warp slots in
+    # hardware order, and the first warp slot of each slot's CTA placed in this tick
+    warp_free: Bool[Array, "warp sm"]
+    base: Int[Array, "cta sm"]
 
 
 def scores(
@@ -203,6 +208,18 @@ def _launching_tick(
     return jnp.where(free & (usable_tick > tick), usable_tick, INF)
 
 
+def _room(slots: Slots, takes: Bool[Array, "cta sm"], head: Int[Array, ""], launch: Launch, launches: Launches,
+          shapes: Shapes) -> Int[Array, " sm"]:
+    """Per SM, the room for the head launch's CTAs: its free CTA slots that can take one now,
+    and with several launches no more than its registers, shared memory and free warp slots
+    hold beside its residents (docs/model.md section 13)."""
+    room = jnp.sum(takes, axis=0, dtype=jnp.int32)
+    if shapes.n_launches == 1:  # one shape: the occupancy bounds the CTA slots, and so the room
+        return room
+    return jnp.minimum(room, resource_room(slots.cta_id, slots.cta_launch, slots.warp_free, head, launch,
+                                           launches, shapes))
+
+
 def _place_one(
     slots: Slots,
     launch: Launch,
@@ -223,7 +240,7 @@ def _place_one(
     est = est_all[head]
     local = slots.next_cta[head]
     takes = _takes_now(slots, usable, fresh, launch)
-    room = jnp.sum(takes, axis=0, dtype=jnp.int32)
+    room = _room(slots, takes, head, launch, launches, shapes)
     score = jnp.where(room > 0, scores(slots, launch, room, est, closed_loop), jnp.iinfo(jnp.int64).min)
     sm = jnp.argmax(score).astype(jnp.int32)
     hold = jnp.bool_(False)
@@ -237,11 +254,18 @@ def _place_one(
     # "Scatters out of the CPU's loops, the ratio measured in rounds").
     at_s = jnp.arange(slots.resident.shape[0]) == sm
     at_js = (jnp.arange(slots.cta_id.shape[0])[:, None] == j) & at_s
+    n_w = launches.warps_per_cta[head]
+    warp_free, base = slots.warp_free, slots.base
+    if shapes.n_launches > 1:  # its warps take the first run of free warp slots from j * n_w on
+        b = first_base(slots.warp_free[:, sm], n_w, j)
+        h = jnp.arange(shapes.warp_slots, dtype=jnp.int32)[:, None]
+        warp_free = slots.warp_free & ~(at_s & (h >= b) & (h < b + n_w))
+        base = jnp.where(at_js, b, slots.base)
     placed = Slots(
         cta_id=jnp.where(at_js, launches.cta_base[head] + local, slots.cta_id),
         cta_launch=jnp.where(at_js, head, slots.cta_launch),
         resident=slots.resident + at_s.astype(jnp.int32),
-        live_warps=slots.live_warps + at_s * launch.warps_per_cta,
+        live_warps=slots.live_warps + at_s * n_w,
         start=jnp.where(at_js, start_tick[sm], slots.start),
         key=jnp.where(at_js, score[sm], slots.key),
         next_cta=slots.next_cta + (jnp.arange(slots.next_cta.shape[0]) == head),
@@ -249,35 +273,46 @@ def _place_one(
                              (launch.dispatch_rank[sm] + 1) % n_enabled, slots.rr_pointer),
         credit=slots.credit + at_s * jnp.where(fresh[j, sm], 0, -launch.launch_idle_cycles),
         hold=jnp.bool_(False),
+        warp_free=warp_free,
+        base=base,
     )
     return jax.tree.map(lambda h, p: jnp.where(hold, h, p), slots._replace(hold=jnp.bool_(True)), placed)
 
 
 def start_warps(
     w: Warps, new: Bool[Array, "cta sm"], cta_id: Int[Array, "cta sm"], cta_launch: Int[Array, "cta sm"],
-    state: State, launch: Launch, shapes: Shapes, variation: Variation, launches: Launches,
+    base: Int[Array, "cta sm"], state: State, launch: Launch, shapes: Shapes, variation: Variation,
+    launches: Launches,
 ) -> tuple[Warps, Int[Array, " sm"]]:
     """Start the warps of the CTAs placed in this tick (`new`, placed as `cta_id` of `cta_launch`),
     and count per SM the work items their warps took (persistent kernels; `state` is the state
-    before the tick's placements). Slot w belongs to CTA slot w // W, warp w mod W. Works on any
-    subset of SMs (the columns of every argument), as `columns.for_marked_sms` gives it."""
-    n_w = launch.warps_per_cta
+    before the tick's placements). With one launch slot w belongs to CTA slot w // W, warp
+    w mod W; with several, a CTA's warps are the run from its `base` (`residency.py`). Works on
+    any subset of SMs (the columns of every argument), as `columns.for_marked_sms` gives it."""
     slot = hardware_slot(shapes)
-    j_of = cta_slot_of(slot, n_w, shapes)
-    warp = jnp.clip(slot - j_of * n_w, 0, 31)[:, None]
-    fresh = new[j_of] & (slot < shapes.cta_slots * n_w)[:, None]
-    cta = jnp.clip(cta_id[j_of], 0, shapes.max_ctas - 1)
+    if shapes.n_launches > 1:
+        fresh, j_of, warp = new_warps(new, base, cta_launch, launches, shapes)
+        cta = jnp.clip(jnp.take_along_axis(cta_id, j_of, axis=0), 0, shapes.max_ctas - 1)
+        warp_launch = jnp.take_along_axis(cta_launch, j_of, axis=0)
+        warp = jnp.clip(warp, 0, 31)
+        n_w, lanes_last = launches.warps_per_cta[warp_launch], launches.lanes_last_warp[warp_launch]
+    else:
+        n_w, lanes_last = launch.warps_per_cta, launch.lanes_last_warp
+        j_of = cta_slot_of(slot, n_w, shapes)
+        warp = jnp.clip(slot - j_of * n_w, 0, 31)[:, None]
+        fresh = new[j_of] & (slot < shapes.cta_slots * n_w)[:, None]
+        cta = jnp.clip(cta_id[j_of], 0, shapes.max_ctas - 1)
+        warp_launch = cta_launch[j_of]
     n_loops = shapes.loops
     packed = jnp.moveaxis(variation.packed[cta, warp], -1, 0)  # [loop + branch, warp, sm]
     trips, branch_lanes = packed[:n_loops], packed[n_loops:]
-    warp_launch = cta_launch[j_of]
     # Persistent kernels (a workload's only launch): each new warp takes its first work item, in
     # placement then warp order.
     persistent = launch.work_items > 0
-    order = (cta_id[j_of] - state.next_cta[0]) * n_w + warp
+    order = (cta - state.next_cta[0]) * n_w + warp
     took = fresh & persistent & (order < launch.work_items - state.items_taken)
     trips = jnp.where(persistent, took.astype(jnp.int32)[None], trips)
-    lanes = jnp.where(warp == n_w - 1, launch.lanes_last_warp, 32)
+    lanes = jnp.where(warp == n_w - 1, lanes_last, 32)
     pc0 = resolve_pc(warp_program(launches, warp_launch), jnp.zeros_like(fresh, jnp.int32), trips, branch_lanes)
     op0, _ = op_and_waits(launches, warp_launch, jnp.clip(pc0, 0, shapes.n_instr - 1))
     zero = jnp.zeros_like(pc0)
@@ -320,20 +355,23 @@ def plan(state: State, launch: Launch, shapes: Shapes, tick: Int[Array, ""], clo
     estimates only with `closed_loop`): the SMs that may take CTAs now (`candidate`), each at
     its tick `start` (the chip's `tick`, or the SM's own where SMs run on their own time)."""
     live = jnp.sum(state.cta_live, axis=0, dtype=jnp.int32)
+    several = shapes.n_launches > 1
     slots = Slots(state.cta_id, state.cta_launch, state.resident, live, state.cta_start,
                   jnp.zeros_like(state.cta_start, jnp.int64), state.next_cta, state.rr_pointer, state.launch_credit,
-                  jnp.bool_(False))
+                  jnp.bool_(False), free_warp_slots(state.warp_cta, shapes) if several else state.warp_cta < 0,
+                  jnp.zeros_like(state.cta_id) if several else state.warp_cta)
     usable = _usable_slots(state, launch, shapes, start) & candidate
     # A slot placed in this tick is occupied, so `fresh` needs no update during the tick.
     return slots, Plan(tick, start, state.kernel_ready, usable, state.cta_usable_tick,
                        ~state.cta_used, _censored_estimate(state, tick) if closed_loop else state.dispatch_est)
 
 
-def has_work(slots: Slots, p: Plan, launch: Launch, launches: Launches) -> Bool[Array, ""]:
-    """A launch is ready with CTAs left, an enabled SM has a usable free slot and the closed loop
-    does not hold: the placement loop goes on."""
-    some, _ = head_launch(p.ready, slots.next_cta, launches, p.tick)
-    return some & jnp.any(_takes_now(slots, p.usable, p.fresh, launch)) & ~slots.hold
+def has_work(slots: Slots, p: Plan, launch: Launch, launches: Launches, shapes: Shapes) -> Bool[Array, ""]:
+    """A launch is ready with CTAs left, an enabled SM has room for its next CTA and the closed
+    loop does not hold: the placement loop goes on."""
+    some, head = head_launch(p.ready, slots.next_cta, launches, p.tick)
+    room = _room(slots, _takes_now(slots, p.usable, p.fresh, launch), head, launch, launches, shapes)
+    return some & jnp.any(room > 0) & ~slots.hold
 
 
 def place(slots: Slots, work: Bool[Array, ""], p: Plan, launch: Launch, launches: Launches,
@@ -345,7 +383,7 @@ def place(slots: Slots, work: Bool[Array, ""], p: Plan, launch: Launch, launches
     new = _place_one(slots, launch, launches, p.ready, shapes, p.usable, p.usable_tick, p.fresh, p.est, p.tick,
                      p.start, closed_loop)
     slots = jax.tree.map(lambda a, b: jnp.where(work, a, b), new, slots)
-    return slots, work & has_work(slots, p, launch, launches)
+    return slots, work & has_work(slots, p, launch, launches, shapes)
 
 
 def placed(state: State, slots: Slots) -> Bool[Array, "cta sm"]:
@@ -353,10 +391,15 @@ def placed(state: State, slots: Slots) -> Bool[Array, "cta sm"]:
     return (slots.cta_id >= 0) & (slots.cta_id != state.cta_id)
 
 
-def commit(state: State, slots: Slots, took: Int[Array, " sm"], launch: Launch, shapes: Shapes) -> State:
+def commit(state: State, slots: Slots, took: Int[Array, " sm"], launch: Launch, launches: Launches,
+           shapes: Shapes) -> State:
     """The CTA tables and counters after the placements (`slots`) and the work items their
     warps took (`took`, from `start_warps`; its warps are set there)."""
     new = placed(state, slots)
+    warp_cta = state.warp_cta
+    if shapes.n_launches > 1:
+        fresh, j_of, _ = new_warps(new, slots.base, slots.cta_launch, launches, shapes)
+        warp_cta = jnp.where(fresh, j_of, state.warp_cta)
     k = state.counters
     ids = jnp.where(new, slots.cta_id, shapes.max_ctas).reshape(-1)  # out of range: dropped
     sm_of = jnp.broadcast_to(jnp.arange(shapes.n_sm, dtype=jnp.int32)[None, :], new.shape).reshape(-1)
@@ -365,7 +408,9 @@ def commit(state: State, slots: Slots, took: Int[Array, " sm"], launch: Launch, 
         state,
         cta_id=slots.cta_id,
         cta_launch=slots.cta_launch,
-        cta_live=jnp.where(new, launch.warps_per_cta, state.cta_live),
+        cta_live=jnp.where(new, launches.warps_per_cta[jnp.clip(slots.cta_launch, 0, shapes.n_launches - 1)],
+                           state.cta_live),
+        warp_cta=warp_cta,
         cta_arrived=jnp.where(new, 0, state.cta_arrived),
         cta_start=slots.start,
         cta_used=state.cta_used | new,

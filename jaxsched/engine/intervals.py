@@ -15,7 +15,7 @@ from jaxtyping import Array, Bool, Int
 
 from ..lower import Launch, Shapes
 from .launches import Launches, op_and_waits
-from .slots import cta_slot_of, hardware_slot
+from .residency import of_cta
 from .state import INF, NO_WARP, Warps
 from .status import Blocked, blocked_split, interval_cycles, mem_cycle, waited
 
@@ -37,10 +37,10 @@ class Clock(NamedTuple):
     freq: Int[Array, " sm"]
 
 
-def cta_warps(released: Bool[Array, "cta sm"], w: Warps, launch: Launch, shapes: Shapes) -> Bool[Array, "warp sm"]:
+def cta_warps(released: Bool[Array, "cta sm"], w: Warps, warp_cta: Int[Array, "warp sm"]) -> Bool[Array, "warp sm"]:
     """The live warps of the CTA slots `released` (at a release, all of them wait at the
-    barrier)."""
-    return released[cta_slot_of(hardware_slot(shapes), launch.warps_per_cta, shapes)] & (w.pc != NO_WARP)
+    barrier); `warp_cta`: the CTA slot of each warp (`residency.warp_cta`)."""
+    return of_cta(released, warp_cta) & (warp_cta >= 0) & (w.pc != NO_WARP)
 
 
 def release(w: Warps, released: Bool[Array, "warp sm"], clock: Clock, launch: Launch, shapes: Shapes,

@@ -2,7 +2,7 @@
 
 Every per-launch number a warp or the dispatcher needs sits in a table with a leading `launch`
 axis: each warp slot carries the index of its launch and gathers from these tables. Values
-shared by all launches (the CTA shape, the chip, the policies) stay in the engine's `Launch`.
+shared by all launches (the chip, the policies) stay in the engine's `Launch`.
 With one launch (a plain kernel) every lookup is a static slice, so a single kernel runs the
 same operations it always did.
 """
@@ -42,6 +42,11 @@ class Launches(eqx.Module):
     branch_start: Int[Array, "launch branch"]
     branch_mid: Int[Array, "launch branch"]
     branch_end: Int[Array, "launch branch"]
+    # each launch's CTA shape and what one CTA holds of an SM (engine/residency.py)
+    warps_per_cta: Int[Array, " launch"]
+    lanes_last_warp: Int[Array, " launch"]
+    cta_reg_share: Int[Array, " launch"]  # warps x Launch.warp_reg_share
+    cta_smem_bytes: Int[Array, " launch"]
     n_ctas: Int[Array, " launch"]
     cta_base: Int[Array, " launch"]  # global index g of the launch's CTA 0
     submit_ticks: Int[Array, " launch"]
@@ -72,6 +77,10 @@ def make_launches(per: Launch, work: WorkloadLaunch, shapes: Shapes) -> Launches
         branch_start=per.branch_start,
         branch_mid=per.branch_mid,
         branch_end=per.branch_end,
+        warps_per_cta=per.warps_per_cta,
+        lanes_last_warp=per.lanes_last_warp,
+        cta_reg_share=per.warps_per_cta * per.warp_reg_share,
+        cta_smem_bytes=per.cta_smem_bytes,
         n_ctas=work.grid_ctas,
         cta_base=work.cta_base,
         submit_ticks=work.submit_ticks,

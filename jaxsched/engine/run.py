@@ -149,12 +149,15 @@ def _prepare(launch: Launch, shapes: Shapes, per: Launch | None, launches: Launc
 def _lower_workload(workload: WorkloadInput, lower_one, shapes: Shapes) -> tuple[Launch, Launch, Launches]:
     """(shared launch, stacked per-launch lowerings, tables) of a prepared workload: every
     kernel lowered alike (one vmapped lowering), the shared values from launch 0 with `n_ctas`
-    the workload's total."""
+    the workload's total, and the CTA slots and shared-memory size of the launch that needs the
+    most (CTAs of different shapes share an SM: docs/model.md section 13)."""
     kernels = jax.tree.map(lambda *xs: jnp.stack(xs), *workload.kernels)
     per = jax.vmap(lower_one)(kernels)
     launch = jax.tree.map(lambda x: x[0], per)
     work = workload.lower(launch.tick_mhz)
-    launch = dataclasses.replace(launch, n_ctas=jnp.sum(work.grid_ctas, dtype=jnp.int32))
+    launch = dataclasses.replace(launch, n_ctas=jnp.sum(work.grid_ctas, dtype=jnp.int32),
+                                 ctas_per_sm=jnp.max(per.ctas_per_sm),
+                                 smem_per_sm_bytes=jnp.max(per.smem_per_sm_bytes))
     return launch, per, make_launches(per, work, shapes)
 
 

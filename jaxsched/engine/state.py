@@ -143,6 +143,9 @@ class State(eqx.Module):
     cta_start: Int[Array, "cta sm"]  # start tick of the CTA in each slot
     cta_usable_tick: Int[Array, "cta sm"]  # a free slot takes a CTA from this tick (section 9)
     cta_used: Bool[Array, "cta sm"]  # the slot has held a CTA: refilling it needs launch credit (section 9)
+    # the CTA slot of the warp at each position, -1 none: several launches only ([0, sm] with one;
+    # engine/residency.py)
+    warp_cta: Int[Array, "warp sm"]
     dispatch_est: Int[Array, "launch sm"]  # closed-loop estimate of a CTA's duration, ticks (int64)
     dispatch_hold: Bool[Array, ""]  # closed loop held CTAs back this tick: re-evaluate next tick
     warps: Warps
@@ -195,6 +198,7 @@ def initial_state(shapes: Shapes) -> State:
         cta_start=zi(c, s),
         cta_usable_tick=zi(c, s),
         cta_used=jnp.zeros((c, s), bool),
+        warp_cta=jnp.full((w if n > 1 else 0, s), -1, jnp.int32),
         dispatch_est=zl(n, s),
         dispatch_hold=jnp.zeros((), bool),
         warps=Warps(

@@ -30,6 +30,7 @@ from .grid_barrier import grid_barrier
 from .intervals import Clock, cta_warps, reclock, release
 from .launches import Launches, initial_ready
 from .power import Domains, dvfs_step, initial_dvfs, next_dvfs_event
+from .residency import warp_cta
 from .state import INF, NO_WARP, STALL_REASONS, State, Warps, initial_state
 from .status import LONG_SB, WAIT
 
@@ -86,7 +87,7 @@ def _place(runs: Run, states: State, shapes: Shapes, closed_loop: bool, at: Deci
     v = jax.vmap
     slots, plans = v(lambda r, s, a: plan(s, r.launch, shapes, s.tick, closed_loop, a.start, a.candidate))(
         runs, states, at)
-    work = v(lambda r, x, p: has_work(x, p, r.launch, r.launches))(runs, slots, plans)
+    work = v(lambda r, x, p: has_work(x, p, r.launch, r.launches, shapes))(runs, slots, plans)
 
     def body(c: tuple) -> tuple:
         for _ in range(_PLACEMENTS):
@@ -128,6 +129,8 @@ class _Touched(NamedTuple):
     new: Bool[Array, "cta sm"]  # CTA slots that took a CTA in the tick's placements
     cta_id: Int[Array, "cta sm"]  # the slot table after the placements
     cta_launch: Int[Array, "cta sm"]
+    base: Int[Array, "cta sm"]  # each new CTA's first warp slot (several launches; `residency.py`)
+    warp_cta: Int[Array, "warp sm"]  # the CTA slot of each warp before the placements (`residency.warp_cta`)
     grid: Bool[Array, ""]  # the grid barrier released
 
 
@@ -138,10 +141,10 @@ def _columns_work(run: Run, before: State, w: Warps, clock: Clock, freq: Array, 
     start (`before`: the state before the placements), and with DVFS the warps waiting on memory
     re-split at the new clocks (`freq`). Returns the warps, the (long, short, wait) cycles
     counted and the work items the new warps took."""
-    released = cta_warps(t.released, w, run.launch, shapes) | (t.grid & (w.pc != NO_WARP))
+    released = cta_warps(t.released, w, t.warp_cta) | (t.grid & (w.pc != NO_WARP))
     wake, counted = release(w, released, clock, run.launch, shapes, run.launches)
-    w, took = start_warps(dataclasses.replace(w, wake=wake), t.new, t.cta_id, t.cta_launch, before, run.launch,
-                          shapes, run.variation, run.launches)
+    w, took = start_warps(dataclasses.replace(w, wake=wake), t.new, t.cta_id, t.cta_launch, t.base, before,
+                          run.launch, shapes, run.variation, run.launches)
     if shapes.dvfs:
         wake, delta = reclock(w, clock._replace(freq=freq), clock.freq, run.launch, shapes, run.launches)
         w, counted = dataclasses.replace(w, wake=wake), counted + delta
@@ -164,7 +167,8 @@ def _warp_work(runs: Run, states: State, t: _Touched, old_freq: Array, shapes: S
         warps, stalls, took = carry
         sub = lambda x: columns.take(x, at)  # noqa: E731
         clock = Clock(sub(states.acct), sub(states.cycle), sub(states.acc), sub(old_freq))
-        cols = _Touched(sub(t.released), sub(t.new), sub(t.cta_id), sub(t.cta_launch), t.grid)
+        cols = _Touched(sub(t.released), sub(t.new), sub(t.cta_id), sub(t.cta_launch), sub(t.base), sub(t.warp_cta),
+                        t.grid)
         w, counted, tk = jax.vmap(lambda *a: _columns_work(*a, shapes))(
             runs, states, jax.tree.map(sub, warps), clock, sub(states.freq), cols)
         return (jax.tree.map(lambda x, y: columns.put(x, at, y), warps, w),
@@ -223,9 +227,10 @@ def step(runs: Run, states: State, shapes: Shapes, max_ticks: int) -> State:
         states = v(lambda r, s: dvfs_step(s, r.launch, shapes, r.doms, jnp.where(r.decoupling.free,
                                                                                  next_dvfs_event(s, r.launch), s.tick),
                                           dvfs_due(s, r.launch, r.decoupling)))(runs, states)
-    touched = _Touched(released, v(placed)(states, slots), slots.cta_id, slots.cta_launch, due)
+    touched = _Touched(released, v(placed)(states, slots), slots.cta_id, slots.cta_launch, slots.base,
+                       v(lambda r, s: warp_cta(s.warp_cta, r.launch, shapes))(runs, states), due)
     states, marked, took = _warp_work(runs, states, touched, old_freq, shapes)
-    states = v(lambda r, s, x, t: commit(s, x, t, r.launch, shapes))(runs, states, slots, took)
+    states = v(lambda r, s, x, t: commit(s, x, t, r.launch, r.launches, shapes))(runs, states, slots, took)
     looks = looks._replace(changed=looks.changed | marked)
     if shapes.fast_forward:
         states, looks = fast_forward(runs, states, looks, shapes, max_ticks, one)
