@@ -59,7 +59,7 @@ import equinox as eqx
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from . import tomldoc
+from . import depslots, tomldoc
 from .errors import (INT32_MAX, INT32_MIN, JaxschedError, check, check_bools, check_floats, check_ints, check_rows,
                      check_values, is_traced)
 from .isa import N_OPS, OP_NAMES, Op
@@ -69,7 +69,12 @@ MAX_TRIPS = 2**24 - 1  # trip counts share a 32-bit word with the if-lanes (engi
 MAX_LDG_BYTES = 4096
 MAX_GRID_SYNC_NS = 1e6
 MAX_WORK_ITEMS = 2**30 - 1
-MAX_DEP_SLOTS = 8  # dependence slots per warp: slot 0 for unnamed results, 1.. for registers
+MAX_DEP_SLOTS = 8  # dependence slots per warp and kind of result: slot 0 for unnamed results, 1.. for registers
+# Results of three kinds sit in slots of their own (docs/model.md section 7): fixed-latency (the
+# FMA, ALU and SFU pipes), MIO (LDS, SHFL) and memory (LDG). `waits` holds a slot set per kind,
+# `MAX_DEP_SLOTS` bits each, in this order; `writes` the slots of the instruction's own kind.
+FIXED, MIO, MEMORY = range(3)
+WAIT_BITS = 3 * MAX_DEP_SLOTS
 MAX_WARPS = 32  # warps per CTA at most (1024 threads): the columns of a data table
 
 
@@ -87,8 +92,8 @@ class Kernel(eqx.Module):
     # program, one entry per instruction (padded programs end in EXIT)
     op: Int[Array, " instr"]
     dep: Bool[Array, " instr"]  # waits for every earlier result (bare `dep`)
-    waits: Int[Array, " instr"]  # register dependences: the dependence slots it waits for (bits)
-    writes: Int[Array, " instr"]  # the dependence slots its result goes to (bits; 0: no result)
+    waits: Int[Array, " instr"]  # register dependences: the dependence slots it waits for (bits, per kind)
+    writes: Int[Array, " instr"]  # the dependence slots of its kind its result goes to (bits; 0: no result)
     bytes_per_warp: Int[Array, " instr"]  # LDG: bytes the warp requests (128 = coalesced fp32)
     bank_ways: Int[Array, " instr"]  # LDS: bank-conflict degree (1 = conflict-free)
     grid_sync: Bool[Array, " instr"]  # BAR that is a grid-wide barrier (`gsync`)
@@ -180,9 +185,10 @@ def validate_kernel(kernel: Kernel, where: str = "kernel") -> None:
     check_ints(kernel.op, f("op"), 0, N_OPS - 1, f"an instruction class 0 .. {N_OPS - 1} (isa.Op)", rank=1)
     check_ints(kernel.bank_ways, f("bank_ways"), 1, 32, "bank-conflict ways in 1 .. 32", rank=1)
     check_ints(kernel.bytes_per_warp, f("bytes_per_warp"), 0, MAX_LDG_BYTES, rank=1)
-    for name in ("waits", "writes"):
-        check_ints(getattr(kernel, name), f(name), 0, (1 << MAX_DEP_SLOTS) - 1,
-                   f"a bit set of the {MAX_DEP_SLOTS} dependence slots", rank=1)
+    check_ints(kernel.waits, f("waits"), 0, (1 << WAIT_BITS) - 1,
+               f"a bit set of 3 x {MAX_DEP_SLOTS} dependence slots (fixed-latency, MIO, memory)", rank=1)
+    check_ints(kernel.writes, f("writes"), 0, (1 << MAX_DEP_SLOTS) - 1,
+               f"a bit set of the {MAX_DEP_SLOTS} dependence slots of its kind", rank=1)
     for name in ("trips_from_data", "if_from_data"):
         check_bools(getattr(kernel, name), f(name), rank=1)
     for name, count in (("trips_data", "loop_start"), ("if_data", "branch_start")):
@@ -240,8 +246,8 @@ class Instr:
     bytes_per_warp: int = 0
     bank_ways: int = 1
     grid_sync: bool = False
-    waits: int = 0  # dependence slots it waits for (bits; `assign_slots`)
-    writes: int = 0  # dependence slots its result goes to (bits)
+    waits: int = 0  # dependence slots it waits for (bits per kind; `assign_slots`)
+    writes: int = 0  # dependence slots of its kind its result goes to (bits)
 
 
 @dataclasses.dataclass
@@ -358,6 +364,11 @@ def parse_program(text: str) -> tuple[list[Instr], _Structure]:
 _PRODUCERS = (Op.FMA, Op.ALU, Op.SFU, Op.LDS, Op.LDG, Op.SHFL)  # instructions with a result
 
 
+def result_kind(op: int) -> int:
+    """The kind of a producer's result: `FIXED`, `MIO` or `MEMORY`."""
+    return MEMORY if op == Op.LDG else MIO if op in (Op.LDS, Op.SHFL) else FIXED
+
+
 def _register_list(value: str, key: str, where: str, index: int) -> list[str]:
     """`out=a,b` / `dep=a,b` register names, or `dep=-D` (the instruction D before)."""
     items = value.split(",")
@@ -374,11 +385,14 @@ def _register_list(value: str, key: str, where: str, index: int) -> list[str]:
 def assign_slots(instrs: list[Instr], names: dict[tuple[int, str], list[str]], struct: _Structure,
                  lines: list[int]) -> list[Instr]:
     """Register dependences (`out=`, `dep=`) as dependence slots: each register some instruction
-    waits for gets a slot (1 .. MAX_DEP_SLOTS - 1, in order of first use; past them registers
-    share slots, which only adds waits). An instruction's result goes to the slots of its `out=`
-    registers, an unnamed result to slot 0; `dep=r` waits for `r`'s slot, `dep=-D` for the
-    results of the instruction D before (docs/model.md section 7). A register waited for must
-    be written earlier, or anywhere in the loop around the wait (a loop-carried dependence)."""
+    waits for gets a slot among those of the kind of its writers' results (1 .. MAX_DEP_SLOTS - 1,
+    in order of first use; past them registers of one kind share slots where they delay the
+    fewest waits, `depslots.colour`, which only adds waits).
+    An instruction's result goes to the slots of its `out=` registers, an unnamed result to slot
+    0; `dep=r` waits for `r`'s slot in the kind of each write of `r` that reaches it
+    (`depslots.reaching`), `dep=-D` for the results of the instruction D before (docs/model.md
+    section 7). A register waited for must be written
+    earlier, or anywhere in the loop around the wait (a loop-carried dependence)."""
     outs = {i: list(v) for (i, key), v in names.items() if key == "out"}
     deps = {i: list(v) for (i, key), v in names.items() if key == "dep"}
     for i, regs in deps.items():
@@ -388,8 +402,25 @@ def assign_slots(instrs: list[Instr], names: dict[tuple[int, str], list[str]], s
                   f"waits for instruction {j} ({instrs[j].op.name.lower()}), which has no result")
             outs.setdefault(j, []).append(f"%{j}") if not outs.get(j) else None
             deps[i] = outs[j]
+    for i, regs in outs.items():
+        check(instrs[i].op in _PRODUCERS, f"program line {lines[i] if i < len(lines) else 0}",
+              instrs[i].op.name.lower(), "out= applies to instructions with a result")
     read = list(dict.fromkeys(r for i in sorted(deps) for r in deps[i]))
-    slot = {r: 1 + n % (MAX_DEP_SLOTS - 1) for n, r in enumerate(read)}
+    kinds = {r: sorted({result_kind(instrs[j].op) for j, o in outs.items() if r in o}) for r in read}
+    slot: dict[tuple[int, str], int] = {}
+    loops = [(start, end) for start, end, *_ in struct.loops]
+    reach = depslots.reaching(len(instrs), outs, loops, [(b0, mid, b1) for b0, mid, b1, *_ in struct.branches])
+    # the kinds of result each read waits for: those of the writes that reach it
+    read_kinds = {(i, r): sorted({result_kind(instrs[j].op) for j in reach[i].get(r, ())}) or kinds[r]
+                  for i, regs in deps.items() for r in regs}
+    for kind in (FIXED, MIO, MEMORY):
+        mine = [r for r in read if kind in kinds[r]]
+        written = {i: [r for r in o if r in mine and result_kind(instrs[i].op) == kind] for i, o in outs.items()}
+        if len(mine) <= MAX_DEP_SLOTS - 1:  # a slot each, in order of first use
+            slot.update({(kind, r): 1 + n for n, r in enumerate(mine)})
+        else:
+            colours = depslots.colour(len(instrs), deps, written, mine, loops, MAX_DEP_SLOTS - 1)
+            slot.update({(kind, r): c for r, c in colours.items()})
     for i, regs in deps.items():
         for r in regs:
             writers = [j for j, o in outs.items() if r in o]
@@ -400,10 +431,10 @@ def assign_slots(instrs: list[Instr], names: dict[tuple[int, str], list[str]], s
     out = []
     for i, ins in enumerate(instrs):
         producer = ins.op in _PRODUCERS
-        check(producer or not outs.get(i), f"program line {lines[i] if i < len(lines) else 0}",
-              ins.op.name.lower(), "out= applies to instructions with a result")
-        writes = sum({1 << slot.get(r, 0) for r in outs.get(i, [])}) if outs.get(i) else 1
-        waits = (1 << MAX_DEP_SLOTS) - 1 if ins.dep else sum({1 << slot[r] for r in deps.get(i, [])})
+        kind = result_kind(ins.op)
+        writes = sum({1 << slot.get((kind, r), 0) for r in outs.get(i, [])}) if outs.get(i) else 1
+        waits = ((1 << WAIT_BITS) - 1 if ins.dep else
+                 sum({1 << (slot[k, r] + MAX_DEP_SLOTS * k) for r in deps.get(i, []) for k in read_kinds[i, r]}))
         out.append(dataclasses.replace(ins, waits=waits, writes=writes if producer else 0))
     return out
 

@@ -23,7 +23,7 @@ from .clocks import Clocks, lengths_hint, validate_clocks
 from .dvfs import Dvfs, DvfsLaunch, lower_dvfs, off, tick_mhz as reachable_tick_mhz
 from .errors import INT32_MAX, INT32_MIN, JaxschedError, check, check_floats, check_ints, check_values
 from .isa import Op
-from .kernel import MAX_DEP_SLOTS, Kernel, data_rows, validate_kernel
+from .kernel import WAIT_BITS, Kernel, data_rows, validate_kernel
 from .occupancy import REG_SHARE_ONE, check_launch, occupancy
 from .policies import DISPATCH_POLICIES, WARP_POLICIES
 
@@ -84,8 +84,8 @@ class Launch(eqx.Module):
     ema_prior_ticks: Int[Array, ""]  # closed-loop initial estimate of a CTA's duration
     # per instruction
     op: Int[Array, " instr"]
-    waits: Int[Array, " instr"]  # dependence slots it waits for (bits; a bare `dep`: every slot)
-    writes: Int[Array, " instr"]  # dependence slots its result goes to (bits)
+    waits: Int[Array, " instr"]  # dependence slots it waits for (bits per kind of result; a bare `dep`: every slot)
+    writes: Int[Array, " instr"]  # dependence slots of its kind its result goes to (bits)
     lat_cycles: Int[Array, " instr"]
     issue_cost64: Int[Array, " instr"]  # pipe issue interval in 1/64 cycle
     mio_cost: Int[Array, " instr"]
@@ -307,7 +307,7 @@ def _lower(
         ema_alpha_256=_round_i32(jnp.asarray(ema_alpha, jnp.float64) * 256.0),
         ema_prior_ticks=ns_to_ticks(ema_prior_ns, tick_mhz),
         op=op,
-        waits=jnp.where(jnp.asarray(kernel.dep), (1 << MAX_DEP_SLOTS) - 1, i32(kernel.waits)),
+        waits=jnp.where(jnp.asarray(kernel.dep), (1 << WAIT_BITS) - 1, i32(kernel.waits)),
         writes=i32(kernel.writes),
         lat_cycles=jnp.asarray(arch.latency_cycles)[op],
         issue_cost64=_round_i32(jnp.asarray(arch.issue_cycles, jnp.float64)[op] * ISSUE_UNITS_PER_CYCLE),

@@ -53,7 +53,7 @@ import numpy as np
 
 from .errors import check
 from .isa import Op
-from .kernel import MAX_DEP_SLOTS
+from .kernel import FIXED, MAX_DEP_SLOTS, MEMORY, MIO
 from .occupancy import REG_SHARE_ONE
 
 MASK32 = 0xFFFFFFFF
@@ -147,8 +147,10 @@ class Program:
         ints = lambda a: [int(v) for v in np.asarray(a).reshape(-1)]  # noqa: E731
         self.op = ints(launch.op)
         slots = lambda bits: tuple(d for d in range(MAX_DEP_SLOTS) if bits >> d & 1)  # noqa: E731
-        self.waits = [slots(b) for b in ints(launch.waits)]  # dependence slots each instruction waits for
-        self.writes = [slots(b) for b in ints(launch.writes)]  # dependence slots its result goes to
+        # the dependence slots each instruction waits for, per kind of result (section 7)
+        self.waits = [tuple(slots(b >> (MAX_DEP_SLOTS * kind)) for kind in (FIXED, MIO, MEMORY))
+                      for b in ints(launch.waits)]
+        self.writes = [slots(b) for b in ints(launch.writes)]  # the slots of its kind its result goes to
         self.lat_cycles = ints(launch.lat_cycles)
         self.issue_cost64 = ints(launch.issue_cost64)  # pipe issue interval, 1/64 cycle
         self.mio_cost = ints(launch.mio_cost)
@@ -986,12 +988,12 @@ class _Sim:
             return BARRIER
         prog = warp.kernel.prog
         i = warp.pc
-        slots = prog.waits[i]
-        if any(k < warp.ready_mem[d] for d in slots):
+        fixed, mio, mem = prog.waits[i]
+        if any(k < warp.ready_mem[d] for d in mem):
             return LONG_SB
-        if any(c < warp.ready_mio[d] for d in slots):
+        if any(c < warp.ready_mio[d] for d in mio):
             return SHORT_SB
-        if any(c < warp.ready_fixed[d] for d in slots):
+        if any(c < warp.ready_fixed[d] for d in fixed):
             return WAIT
         if c < warp.ready_fetch:  # refetch after a taken branch, whatever it waits for
             return WAIT

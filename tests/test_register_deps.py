@@ -73,6 +73,48 @@ def test_registers_share_slots_past_the_limit() -> None:
     assert max(i.writes for i in instrs) < 1 << MAX_DEP_SLOTS
 
 
+def test_an_address_chain_never_waits_for_a_load_in_flight() -> None:
+    """Results of each kind sit in slots of their own: seven loads take the seven memory slots,
+    and the ALU chain after them (the address arithmetic of a real loop) its own fixed-latency
+    slot, so it runs under the loads (with one slot set for both it would wait for a load)."""
+    arch = hand_h200(1)
+    loads = "".join(f"ldg out=x{i}\n" for i in range(7))
+    use = "fma dep=" + ",".join(f"x{i}" for i in range(7))
+    chain = "loop 30\n alu out=a dep=a\nend\n"
+    instrs, _ = parse_program(loads + chain + use)
+    alu = next(ins for ins in instrs if ins.op == js.Op.ALU)
+    assert alu.waits == alu.writes  # its own slot, of its own kind: bits 0..7
+    assert _ticks(loads + chain + use, arch) == _ticks(loads + use, arch)  # hidden under the loads
+
+
+def test_a_read_waits_only_for_the_writes_that_reach_it() -> None:
+    """A register a compiler reuses: `t` was a load's destination, then an ALU result; the read
+    after the ALU write waits for the ALU only. A write inside an if-path may be skipped, so a
+    read after the branch waits for both; in a loop the previous trip's write reaches the top."""
+    memory = lambda ins: ins.waits >> (2 * MAX_DEP_SLOTS)  # noqa: E731  (the memory kind's bits)
+    fixed = lambda ins: ins.waits & ((1 << MAX_DEP_SLOTS) - 1)  # noqa: E731
+    instrs, _ = parse_program("ldg out=t\nfma dep=t\nalu out=t\nalu dep=t")
+    assert memory(instrs[1]) and not fixed(instrs[1])
+    assert fixed(instrs[3]) and not memory(instrs[3])
+    instrs, _ = parse_program("ldg out=t\nif 0.5\n alu out=t\nend\nalu dep=t")
+    assert fixed(instrs[2]) and memory(instrs[2])
+    instrs, _ = parse_program("ldg out=t\nloop 4\n alu dep=t\n alu out=t\nend")
+    assert fixed(instrs[1]) and memory(instrs[1])
+
+
+def test_shared_slots_go_where_they_delay_no_wait() -> None:
+    """Eight loads, seven memory slots. `x1` is read at once and dead before `x7` is loaded;
+    `x0` is read again first after it. So `x7` shares `x1`'s slot, where it delays nothing,
+    not the slot of the first register read (`x0`, whose consumer would wait for `x7`)."""
+    text = "\n".join(["fma out=s", "ldg out=x0", "ldg out=x1", "fma out=s dep=s,x0", "fma out=s dep=s,x1",
+                      *(f"ldg out=x{i}" for i in range(2, 8)),
+                      *(f"fma out=s dep=s,x{i}" for i in (0, *range(2, 8)))])
+    instrs, _ = parse_program(text)
+    ldg = [ins for ins in instrs if ins.op == js.Op.LDG]
+    assert ldg[7].writes == ldg[1].writes != ldg[0].writes
+    assert len({ins.writes for ins in ldg[:7]}) == 7
+
+
 @pytest.mark.parametrize("program, match", [
     ("fma dep=r1\nfma out=r1", r"program line 1 = 'dep=r1': a dependence on a register no earlier"),
     ("fma dep=-1", r"program line 1 = 'dep=-1': a distance 1 .. 0"),

@@ -16,12 +16,13 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..isa import Op
+from ..kernel import FIXED, MEMORY, MIO
 from ..lower import QUEUE_ONE_TICK, Launch, Shapes
 from .launch_credit import collect, has_free_slot
 from .launches import Launches, instruction_fields, op_and_waits, per_launch_sum, update_ready, warp_program
 from .materialize import once
-from .state import INF, N_PIPES, NO_WARP, State, Warps
 from .residency import of_cta
+from .state import INF, N_PIPES, NO_WARP, State, Warps
 from .slots import by_scheduler, cta_slot_of, hardware_position, per_warp, q_index
 from .status import (blocked_split, interval_cycles, mem_cycle, one_of_class, op_class, ready_counts, scan, stall_rows,
                      throttled, waited)
@@ -251,8 +252,8 @@ def _issue(state: State, launch: Launch, shapes: Shapes, launches: Launches, k: 
     ready_fetch = jnp.where(back, c + launch.taken_branch_cycles, pick(w.ready_fetch))
     op_next, waits_next = op_and_waits(launches, launch_s, jnp.clip(next_pc, 0, shapes.n_instr - 1))
     after = c + edge
-    blocked = blocked_split(waited(ready_fixed, waits_next), waited(ready_mio, waits_next), ready_fetch,
-                            mem_cycle(waited(ready_mem, waits_next), k, after, state.freq, acc, launch.tick_mhz),
+    blocked = blocked_split(waited(ready_fixed, waits_next, FIXED), waited(ready_mio, waits_next, MIO), ready_fetch,
+                            mem_cycle(waited(ready_mem, waits_next, MEMORY), k, after, state.freq, acc, launch.tick_mhz),
                             after)
     stops = exits | arrive
     wake = jnp.where(stops, INF, blocked.wake)

@@ -13,6 +13,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
+from ..kernel import FIXED, MEMORY, MIO
 from ..lower import Launch, Shapes
 from .launches import Launches, op_and_waits
 from .residency import of_cta
@@ -23,7 +24,7 @@ from .status import Blocked, blocked_split, interval_cycles, mem_cycle, waited
 def _waited(w: Warps, launches: Launches, shapes: Shapes) -> tuple[Array, Array, Array]:
     """Each warp's (fixed, mio, memory) ready times of the results its instruction waits for."""
     waits = op_and_waits(launches, w.launch, jnp.clip(w.pc, 0, shapes.n_instr - 1))[1]
-    return waited(w.ready_fixed, waits), waited(w.ready_mio, waits), waited(w.ready_mem, waits)
+    return waited(w.ready_fixed, waits, FIXED), waited(w.ready_mio, waits, MIO), waited(w.ready_mem, waits, MEMORY)
 
 
 class Clock(NamedTuple):

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
-from ..kernel import MAX_DEP_SLOTS
+from ..kernel import WAIT_BITS
 from ..lower import Launch, Shapes
 from ..workload import WorkloadLaunch
 from .state import INF
@@ -36,7 +36,7 @@ class Launches(eqx.Module):
     """Per-launch tables (leading axis `launch`) and the workload's integers."""
 
     instructions: Int[Array, "launch instr 9"]  # instruction_table of each launch
-    op_waits: Int[Array, "launch instr"]  # `op << 8 | waits`: all the per-slot status reads
+    op_waits: Int[Array, "launch instr"]  # `op << 24 | waits`: all the per-slot status reads
     loop_start: Int[Array, "launch loop"]
     loop_end: Int[Array, "launch loop"]
     branch_start: Int[Array, "launch branch"]
@@ -128,7 +128,7 @@ def instruction_fields(launches: Launches, warp_launch: Int[Array, "warp sm"], p
     return table[0][pc] if table.shape[0] == 1 else table[warp_launch, pc]
 
 
-_WAIT_BITS = MAX_DEP_SLOTS
+_WAIT_BITS = WAIT_BITS
 
 
 def op_and_waits(

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..isa import Op
+from ..kernel import MAX_DEP_SLOTS
 from .exact import floor_div
 from .slots import by_scheduler, per_warp
 from .state import INF, N_PIPES
@@ -124,10 +125,12 @@ class Blocked(NamedTuple):
     wake: Int[Array, "..."]  # the first cycle it is ready
 
 
-def waited(ready: Int[Array, "slot ..."], waits: Int[Array, "..."]) -> Int[Array, "..."]:
-    """The latest of a warp's ready times over the dependence slots its instruction waits for
-    (`waits`: bits), 0 where it waits for none (docs/model.md section 7)."""
-    bits = [jnp.where((waits >> d) & 1 == 1, ready[d], 0) for d in range(ready.shape[0])]
+def waited(ready: Int[Array, "slot ..."], waits: Int[Array, "..."], kind: int) -> Int[Array, "..."]:
+    """The latest of a warp's ready times of one kind of result (`ready_fixed`, `ready_mio` or
+    `ready_mem`, `kind` FIXED, MIO or MEMORY) over the dependence slots of that kind its
+    instruction waits for (`waits`: bits per kind), 0 where it waits for none (docs/model.md
+    section 7)."""
+    bits = [jnp.where((waits >> (d + MAX_DEP_SLOTS * kind)) & 1 == 1, ready[d], 0) for d in range(ready.shape[0])]
     return functools.reduce(jnp.maximum, bits)
 
 
