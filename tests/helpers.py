@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from hypothesis import assume
 from hypothesis import strategies as st
@@ -10,7 +12,7 @@ import jax
 
 import jaxsched as js
 from jaxsched import clocks
-from jaxsched.engine.run import Result, simulate_batch
+from jaxsched.engine.run import MAX_TICKS, Result, simulate_batch
 from jaxsched.hierarchy import build_hierarchy
 from jaxsched.isa import Op
 from jaxsched.kernel import MAX_DEP_SLOTS, make_kernel, pad_program
@@ -19,6 +21,17 @@ from jaxsched.lower import DISPATCH_POLICIES, WARP_POLICIES
 N_INSTR = 16  # programs are padded to this length so one compilation serves every example
 STRUCTURED_LOOPS = STRUCTURED_BRANCHES = 4  # structured programs pad to these (a second compilation)
 MAX_GRID = 48
+
+# Hypothesis examples per differential test scale with JAXSCHED_TEST_DEPTH (default 1, what CI
+# runs; README, "Tests"): the engine-against-reference tests of the core, workloads and
+# structured programs keep their depth in CI, the tests of a mechanism the core tests already
+# cross (DVFS, launch modes, batching, the GPU's forms, fast-forward, own time) run fewer.
+DEPTH = float(os.environ.get("JAXSCHED_TEST_DEPTH", "1"))
+
+
+def examples(n: int) -> int:
+    """`n` hypothesis examples at depth 1, scaled by `DEPTH` (at least 1)."""
+    return max(1, round(n * DEPTH))
 
 
 # The H200's fitted taken-branch refetch and launch credit (docs/calibration.md) switched off, so
@@ -244,7 +257,7 @@ mean_ghz = 1.8
 
 def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: str = "gto", dispatch: str = "hardware",
                     dispatch_start: int = 0, dispatch_weight=None, ema_alpha: float = 0.25, ema_prior_ns: float = 0.0,
-                    dvfs=None, trace_len: int = 0) -> Result:
+                    dvfs=None, trace_len: int = 0, max_ticks: int = MAX_TICKS) -> Result:
     """`simulate` with `reference.simulate`'s arguments, as one configuration of a batch padded to
     the largest static sizes the strategies draw (every CTA slot of the chip, `MAX_GRID` CTAs,
     the DVFS step and the closed loop's learning compiled in): a kernel's sizes otherwise follow
@@ -256,5 +269,5 @@ def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: st
                            [DISPATCH_POLICIES.index(dispatch)], [dispatch_start], dispatch_weight=[dispatch_weight],
                            ema_alpha=ema_alpha, ema_prior_ns=ema_prior_ns, dvfs=[dvfs], trace_len=trace_len,
                            dvfs_step=True, closed_loop_step=True, cta_slots=int(arch.max_blocks_per_sm),
-                           max_ctas=grid, dep_slots=MAX_DEP_SLOTS)
+                           max_ctas=grid, dep_slots=MAX_DEP_SLOTS, max_ticks=max_ticks)
     return jax.tree.map(lambda x: x[0], batch)

@@ -18,7 +18,7 @@ from jaxsched.errors import JaxschedError
 from jaxsched.kernel import make_kernel, resident_grid
 from jaxsched.lower import DISPATCH_POLICIES, WARP_POLICIES
 
-from helpers import MAX_GRID, N_INSTR, simulate_padded, small_arch
+from helpers import examples, MAX_GRID, N_INSTR, simulate_padded, small_arch
 from test_engine_vs_reference import CTA_KEYS, INT_KEYS, assert_same
 
 _BODY = ["fma dep", "fma", "alu", "alu dep", "sfu dep", "lds", "lds dep ways=2", "shfl dep"]
@@ -79,7 +79,7 @@ def steady_configurations(draw, trips: tuple[int, int] = (12, 40)) -> dict:
                 dvfs=params, trace_len=8 if params is not None else 0)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=steady_configurations())
 def test_fast_forward_equals_reference(cfg: dict) -> None:
     try:
@@ -102,7 +102,7 @@ _FIELDS = INT_KEYS + CTA_KEYS + ("makespan_ticks", "sm_items", "sm_energy_pj", "
                                  "kernel_end_tick")
 
 
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(3), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfgs=st.lists(steady_configurations(trips=(150, 600)), min_size=3, max_size=3))
 def test_fast_forward_equals_stepping_on_long_loops(cfgs: list[dict]) -> None:
     """Loops longer than the reference can run in the suite's time: the engine with

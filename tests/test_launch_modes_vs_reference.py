@@ -13,7 +13,7 @@ from jaxsched import reference
 from jaxsched.errors import JaxschedError
 from jaxsched.kernel import make_kernel, resident_grid
 
-from helpers import N_INSTR, configurations, simulate_padded
+from helpers import configurations, examples, N_INSTR, simulate_padded
 from test_engine_vs_reference import assert_same
 
 _OPS = ["fma", "alu", "sfu", "lds", "ldg", "shfl"]
@@ -56,7 +56,7 @@ def launch_mode_configurations(draw) -> dict:
     return {**cfg, "kernel": kernel, **extra}
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=launch_mode_configurations())
 def test_engine_equals_reference_for_launch_modes(cfg: dict) -> None:
     try:

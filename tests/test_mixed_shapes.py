@@ -12,7 +12,7 @@ import jaxsched as js
 from jaxsched import reference
 from jaxsched.workload import make_workload
 
-from helpers import small_arch
+from helpers import simulate_padded, small_arch
 from test_engine_vs_reference import assert_same
 
 ARCH = small_arch(4)  # 64 warp slots, 64 K registers and 228 KiB of shared memory per SM
@@ -30,6 +30,12 @@ def _short(threads: int, grid: int, **kw) -> js.Kernel:
     return js.make_kernel("loop 6\n fma dep\nend", grid=grid, threads=threads, pad_to=PAD, seed=5, **kw)
 
 
+def _engine(w) -> js.Result:
+    """The engine's run of `w`, padded to the sizes the workload tests share (one compilation per
+    number of launches)."""
+    return simulate_padded(arch=ARCH, kernel=w, clocks=js.clocks.uniform(ARCH))
+
+
 def _most_beside(out: dict, first: int, second: int) -> int:
     """The most CTAs of launch `second` resident on one SM at once while a CTA of launch
     `first` is resident there, counted at each dispatch: a CTA placed at tick `t` finds the
@@ -44,20 +50,21 @@ def _most_beside(out: dict, first: int, second: int) -> int:
     return most
 
 
+# Second grids of 5 N: with the first's N, 48 CTAs, the padded trace's length (one compilation).
 @pytest.mark.parametrize(("first", "second", "beside"), [
     # warps: 24 of 64 warp slots held, so two CTAs of 16 warps fit beside it (not the five alone)
-    (_long(768), _short(512, 6 * N_SM), 2),
+    (_long(768), _short(512, 5 * N_SM), 2),
     # registers: 8 warps of 128 registers hold half the register file; CTAs of 8 warps of 32
     # registers need 1/8 each: four fit beside it (seven by warp slots, eight alone)
-    (_long(256, regs=128), _short(256, 10 * N_SM), 4),
+    (_long(256, regs=128), _short(256, 5 * N_SM), 4),
     # shared memory: 150 KB held, a CTA of 100 KB does not fit beside it (two alone)
-    (_long(128, smem_bytes=150_000), _short(128, 3 * N_SM, smem_bytes=100_000), 0),
+    (_long(128, smem_bytes=150_000), _short(128, 5 * N_SM, smem_bytes=100_000), 0),
 ])
 def test_a_resource_bounds_the_ctas_beside_another_launch(first: js.Kernel, second: js.Kernel, beside: int) -> None:
     w = make_workload([first, second], streams=[0, 1], **QUICK)
     ref = reference.simulate(ARCH, w)
     assert _most_beside(ref, 0, 1) == beside
-    assert_same(js.simulate(ARCH, w), ref)
+    assert_same(_engine(w), ref)
 
 
 def test_a_launch_that_does_not_fit_waits_and_blocks_the_launches_behind_it() -> None:
@@ -71,7 +78,7 @@ def test_a_launch_that_does_not_fit_waits_and_blocks_the_launches_behind_it() ->
     start, end = (np.asarray(out[k]) for k in ("kernel_start_tick", "kernel_end_tick"))
     assert start[1] >= end[0]  # no room until the big CTAs leave (in the cycles of the tick it starts)
     assert start[2] >= start[1]  # behind the blocked launch, though it would fit
-    assert_same(js.simulate(ARCH, w), out)
+    assert_same(_engine(w), out)
 
 
 def test_one_shape_as_several_launches_keeps_the_static_warp_layout() -> None:

@@ -20,7 +20,7 @@ from jaxsched.errors import JaxschedError
 from jaxsched.kernel import make_kernel, resident_grid
 from jaxsched.lower import DISPATCH_POLICIES, WARP_POLICIES
 
-from helpers import MAX_GRID, N_INSTR, simulate_padded, small_arch
+from helpers import examples, MAX_GRID, N_INSTR, simulate_padded, small_arch
 from test_engine_vs_reference import CTA_KEYS, INT_KEYS, assert_same
 
 _BODY = ["fma dep", "fma", "alu", "alu dep", "sfu dep", "lds", "lds dep ways=2", "shfl dep"]
@@ -64,7 +64,7 @@ def multi_wave_configurations(draw, trips: tuple[int, int] = (12, 40), max_grid:
                 dispatch_start=draw(st.integers(0, 3)), dvfs=params, trace_len=8 if params is not None else 0)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(6), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=multi_wave_configurations())
 def test_own_time_equals_reference(cfg: dict) -> None:
     try:
@@ -91,7 +91,7 @@ def _batch_args(cfgs: list[dict]) -> tuple[tuple, dict]:
     return args, kw
 
 
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(2), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfgs=st.lists(multi_wave_configurations(trips=(150, 400), dvfs_periods_us=(20.0, 50.0),
                                                                split_branches=False), min_size=3, max_size=3))
 def test_own_time_equals_the_chips_tick_on_long_loops(cfgs: list[dict]) -> None:
