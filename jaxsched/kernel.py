@@ -386,8 +386,8 @@ def assign_slots(instrs: list[Instr], names: dict[tuple[int, str], list[str]], s
                  lines: list[int]) -> list[Instr]:
     """Register dependences (`out=`, `dep=`) as dependence slots: each register some instruction
     waits for gets a slot among those of the kind of its writers' results (1 .. MAX_DEP_SLOTS - 1,
-    in order of first use; past them registers of one kind share slots where they delay the
-    fewest waits, `depslots.colour`, which only adds waits).
+    in order of first use; past them registers of one kind share slots round-robin, which only
+    adds waits).
     An instruction's result goes to the slots of its `out=` registers, an unnamed result to slot
     0; `dep=r` waits for `r`'s slot in the kind of each write of `r` that reaches it
     (`depslots.reaching`), `dep=-D` for the results of the instruction D before (docs/model.md
@@ -413,14 +413,9 @@ def assign_slots(instrs: list[Instr], names: dict[tuple[int, str], list[str]], s
     # the kinds of result each read waits for: those of the writes that reach it
     read_kinds = {(i, r): sorted({result_kind(instrs[j].op) for j in reach[i].get(r, ())}) or kinds[r]
                   for i, regs in deps.items() for r in regs}
-    for kind in (FIXED, MIO, MEMORY):
-        mine = [r for r in read if kind in kinds[r]]
-        written = {i: [r for r in o if r in mine and result_kind(instrs[i].op) == kind] for i, o in outs.items()}
-        if len(mine) <= MAX_DEP_SLOTS - 1:  # a slot each, in order of first use
-            slot.update({(kind, r): 1 + n for n, r in enumerate(mine)})
-        else:
-            colours = depslots.colour(len(instrs), deps, written, mine, loops, MAX_DEP_SLOTS - 1)
-            slot.update({(kind, r): c for r, c in colours.items()})
+    for kind in (FIXED, MIO, MEMORY):  # a slot each in order of first use, then round-robin
+        slot.update({(kind, r): 1 + n % (MAX_DEP_SLOTS - 1)
+                     for n, r in enumerate(r for r in read if kind in kinds[r])})
     for i, regs in deps.items():
         for r in regs:
             writers = [j for j, o in outs.items() if r in o]

@@ -102,19 +102,6 @@ def test_a_read_waits_only_for_the_writes_that_reach_it() -> None:
     assert fixed(instrs[1]) and memory(instrs[1])
 
 
-def test_shared_slots_go_where_they_delay_no_wait() -> None:
-    """Eight loads, seven memory slots. `x1` is read at once and dead before `x7` is loaded;
-    `x0` is read again first after it. So `x7` shares `x1`'s slot, where it delays nothing,
-    not the slot of the first register read (`x0`, whose consumer would wait for `x7`)."""
-    text = "\n".join(["fma out=s", "ldg out=x0", "ldg out=x1", "fma out=s dep=s,x0", "fma out=s dep=s,x1",
-                      *(f"ldg out=x{i}" for i in range(2, 8)),
-                      *(f"fma out=s dep=s,x{i}" for i in (0, *range(2, 8)))])
-    instrs, _ = parse_program(text)
-    ldg = [ins for ins in instrs if ins.op == js.Op.LDG]
-    assert ldg[7].writes == ldg[1].writes != ldg[0].writes
-    assert len({ins.writes for ins in ldg[:7]}) == 7
-
-
 @pytest.mark.parametrize("program, match", [
     ("fma dep=r1\nfma out=r1", r"program line 1 = 'dep=r1': a dependence on a register no earlier"),
     ("fma dep=-1", r"program line 1 = 'dep=-1': a distance 1 .. 0"),
