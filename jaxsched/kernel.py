@@ -387,12 +387,11 @@ def assign_slots(instrs: list[Instr], names: dict[tuple[int, str], list[str]], s
     """Register dependences (`out=`, `dep=`) as dependence slots: each register some instruction
     waits for gets a slot among those of the kind of its writers' results (1 .. MAX_DEP_SLOTS - 1,
     in order of first use; past them registers of one kind share slots round-robin, which only
-    adds waits).
-    An instruction's result goes to the slots of its `out=` registers, an unnamed result to slot
-    0; `dep=r` waits for `r`'s slot in the kind of each write of `r` that reaches it
-    (`depslots.reaching`), `dep=-D` for the results of the instruction D before (docs/model.md
-    section 7). A register waited for must be written
-    earlier, or anywhere in the loop around the wait (a loop-carried dependence)."""
+    adds waits). An instruction's result goes to the slots of its kind of its `out=` registers,
+    an unnamed result to slot 0; `dep=r` waits for `r`'s slot in the kind of each write of `r`
+    that reaches it (`depslots.reaching`), `dep=-D` for the results of the instruction D before
+    (docs/model.md section 7). A register waited for must be written earlier, or anywhere in the
+    loop around the wait (a loop-carried dependence)."""
     outs = {i: list(v) for (i, key), v in names.items() if key == "out"}
     deps = {i: list(v) for (i, key), v in names.items() if key == "dep"}
     for i, regs in deps.items():

@@ -81,12 +81,12 @@ def trip_bounds(launch: Launch) -> tuple[Int[Array, ""], Int[Array, ""]]:
     lat = jnp.maximum(launch.lat_cycles, 1).astype(jnp.int64)
     waits = (launch.op < N_PIPES) | (launch.op == Op.LDS) | (launch.op == Op.SHFL)
     kind = jnp.where(launch.op < N_PIPES, FIXED, MIO)  # of the results that bound a trip
-    waited = lambda w, at: (w >> (MAX_DEP_SLOTS * kind[at])) & launch.writes[at]  # noqa: E731
-    follows = waited(jnp.roll(launch.waits, -1), i) != 0  # the next instruction waits for this one
+    on = lambda w, at: (w >> (MAX_DEP_SLOTS * kind[at])) & launch.writes[at]  # noqa: E731  (waits on `at`'s result)
+    follows = on(jnp.roll(launch.waits, -1), i) != 0  # the next instruction waits for this one
     gap = jnp.where(waits & follows, lat, 1)
     at_end = jnp.clip(end, 0, n - 1)
     refetch = jnp.maximum(launch.taken_branch_cycles.astype(jnp.int64), 1)
-    carried = waited(launch.waits[jnp.clip(start, 0, n - 1)], at_end) != 0
+    carried = on(launch.waits[jnp.clip(start, 0, n - 1)], at_end) != 0
     back = jnp.maximum(refetch, jnp.where(carried & waits[at_end], lat[at_end], 1))
     chain = jnp.sum(jnp.where(body & (i < end), gap, 0)) + back
     b0, b1, mid = launch.branch_start[0], launch.branch_end[0], launch.branch_mid[0]

@@ -71,7 +71,7 @@ def make_launches(per: Launch, work: WorkloadLaunch, shapes: Shapes) -> Launches
     instructions = jax.vmap(instruction_table)(per)
     return Launches(
         instructions=instructions,
-        op_waits=(instructions[..., 0] << _WAIT_BITS) | instructions[..., 1],
+        op_waits=(instructions[..., 0] << WAIT_BITS) | instructions[..., 1],
         loop_start=per.loop_start,
         loop_end=per.loop_end,
         branch_start=per.branch_start,
@@ -128,8 +128,6 @@ def instruction_fields(launches: Launches, warp_launch: Int[Array, "warp sm"], p
     return table[0][pc] if table.shape[0] == 1 else table[warp_launch, pc]
 
 
-_WAIT_BITS = WAIT_BITS
-
 
 def op_and_waits(
     launches: Launches, warp_launch: Int[Array, "warp sm"], pc: Int[Array, "warp sm"]
@@ -139,7 +137,7 @@ def op_and_waits(
     `Launches.op_waits`."""
     table = launches.op_waits
     code = table[0][pc] if table.shape[0] == 1 else table[warp_launch, pc]
-    return code >> _WAIT_BITS, code & ((1 << _WAIT_BITS) - 1)
+    return code >> WAIT_BITS, code & ((1 << WAIT_BITS) - 1)
 
 
 def initial_ready(launches: Launches) -> Int[Array, " launch"]:
