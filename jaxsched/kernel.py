@@ -36,7 +36,8 @@ instruction two before it, so independent chains overlap as on the hardware (`fm
 next to `fma out=b dep=b`); a bare `dep` waits for every earlier result.
 
 Work from data: `loop @rows` takes each warp's trip count from the array `rows` and `if @mask`
-each warp's if-path lanes from the array `mask` (`make_kernel(..., arrays={"rows": a})`, or the
+each warp's if-path lanes from the array `mask`, and `if @rows>0` runs its if-path in the warps
+whose value in `rows` is above 0 (a zero-trip guard) (`make_kernel(..., arrays={"rows": a})`, or the
 TOML's `[kernel.arrays]`: inline lists or `.npy` files). An array has one entry per CTA (shape
 `[grid]`, the same for each of its warps) or per warp (`[grid, warps_per_cta]`). Trip counts are
 integers in 0 .. MAX_TRIPS; a branch array holds booleans (the whole warp takes the if-path, or
@@ -292,9 +293,11 @@ def parse_program(text: str) -> tuple[list[Instr], _Structure]:
                           (trips, opts.get("cta_spread", 0), opts.get("warp_spread", 0)), lineno])
         elif head == "if":
             check(len(branches) < MAX_BRANCHES, where, line, f"at most {MAX_BRANCHES} if/else regions per program")
-            check(len(rest) == 1, where, line, "`if P` takes one lane probability (or `if @NAME` an array)")
+            check(len(rest) == 1, where, line, "`if P` takes one lane probability (or `if @NAME` an array, "
+                  "`if @NAME>0` the warps whose value in NAME is above 0)")
             if rest[0].startswith("@"):
-                p = _array_name(rest[0], where)
+                word = rest[0].removesuffix(POSITIVE)
+                p = _array_name(word, where) + rest[0][len(word):]
             else:
                 p = _number(rest[0], where, float)
                 check(0.0 <= p <= 1.0, where, p, "the if-probability must be in [0, 1]")
@@ -431,6 +434,9 @@ def assign_slots(instrs: list[Instr], names: dict[tuple[int, str], list[str]], s
                  sum({1 << (slot[k, r] + MAX_DEP_SLOTS * k) for r in deps.get(i, []) for k in read_kinds[i, r]}))
         out.append(dataclasses.replace(ins, waits=waits, writes=writes if producer else 0))
     return out
+
+
+POSITIVE = ">0"  # `if @NAME>0`: the warps whose value in array NAME is above 0 take the if-path
 
 
 def _array_name(word: str, where: str) -> str:
@@ -572,7 +578,8 @@ def _data_tables(trips: list[int | str], branches: list[float | str], arrays: Ma
     `branches`: an array name or a number), each checked: its shape, its values, and that every
     array is used. Loops and branches may share an array."""
     check(isinstance(arrays, Mapping), "arrays", type(arrays).__name__, "a mapping of array names to arrays")
-    used = list(dict.fromkeys(name for name in trips + branches if isinstance(name, str)))
+    base = lambda name: name.removesuffix(POSITIVE)  # noqa: E731  (`if @rows>0` uses `rows`)
+    used = list(dict.fromkeys(base(name) for name in trips + branches if isinstance(name, str)))
     for name in arrays:
         check(name in used, f"arrays.{name}", "unused", f"the program names {used or 'no array'} "
               "(`loop @NAME`, `if @NAME`)")
@@ -588,7 +595,13 @@ def _data_tables(trips: list[int | str], branches: list[float | str], arrays: Ma
             trips_data[k] = _table(arrays[name], f"arrays.{name}", grid, warps, 0, MAX_TRIPS,
                                    f"trip counts in 0 .. {MAX_TRIPS}")
     for b, name in enumerate(branches):
-        if isinstance(name, str):
+        if isinstance(name, str) and name.endswith(POSITIVE):
+            values = np.asarray(arrays[base(name)])
+            check(values.dtype.kind in "iub", f"arrays.{base(name)}", f"dtype {values.dtype}",
+                  f"integers or booleans (`if @{name}`)")
+            if_data[b] = _table(np.where(values > 0, -1, 0), f"arrays.{base(name)}", grid, warps,
+                                INT32_MIN, INT32_MAX, "")
+        elif isinstance(name, str):
             if_data[b] = _table(_lane_masks(arrays[name], f"arrays.{name}"), f"arrays.{name}", grid, warps,
                                 INT32_MIN, INT32_MAX, "booleans or 32-bit lane masks")
     return {"trips_from_data": np.asarray(named(trips)), "trips_data": trips_data,

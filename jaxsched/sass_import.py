@@ -405,9 +405,10 @@ def _resolve(s: Structure, trips: dict | None, branches: dict | None) -> tuple[d
     given_branches = _lookup(branches or {}, s.branches, "branches", "branch", kernel, branch_addr)
     trip = {name: _trip_text(name, v) for name, v in given_trips.items()}
     outcome = {name: _outcome_text(name, v) for name, v in given_branches.items()}
-    for b in s.branches:  # a zero-trip guard takes its loop's trip count: skipped only when it is 0
+    for b in s.branches:  # a zero-trip guard takes its loop's trip count: skipped where it is 0 (`if @rows>0`)
         if b.name not in outcome and b.guard_of is not None and b.guard_of.name in trip:
-            outcome[b.name] = "0" if trip[b.guard_of.name] == "0" else "1"
+            trips = trip[b.guard_of.name]
+            outcome[b.name] = f"{trips}>0" if trips.startswith("@") else "0" if trips == "0" else "1"
     no_trips = [f"{loop.name} (0x{loop_addr(loop):04x})" for loop in s.loops if loop.name not in trip]
     no_outcome = [f"{b.name} (0x{branch_addr(b):04x})" for b in s.branches
                   if b.name not in outcome and b.guard_of is None]

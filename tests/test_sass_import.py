@@ -44,7 +44,7 @@ def tree(text: str) -> list:
             stack[-1].append(node)
             stack.append(node[2])
         elif head == "if":
-            assert len(rest) == 1 and re.fullmatch(r"[\d.e-]+|@\w+", rest[0]), line
+            assert len(rest) == 1 and re.fullmatch(r"[\d.e-]+|@\w+(>0)?", rest[0]), line
             node = ["if", rest[0], [], None]
             stack[-1].append(node)
             stack.append(node[2])
@@ -238,7 +238,7 @@ def test_joined_ifs_and_zero_trip_guards():
     assert t[4][1] == "0.5" and t[4][2] == ["fma out=R1 dep=R1", "alu"]  # B2: FMUL and B3's branch
     assert t[5][1] == "0" and t[5][2][-1][:2] == ["loop", "0"]  # B3 guards L2, whose trip count is 0
     t = tree(from_sass(text, trips={"0x0010": 3, "L2": "rows"}, branches={"0x0040": "@taken", "B1": 0.25}))
-    assert (t[1][1], t[4][1], t[5][1], t[5][2][-1][1]) == ("0.25", "@taken", "1", "@rows")
+    assert (t[1][1], t[4][1], t[5][1], t[5][2][-1][1]) == ("0.25", "@taken", "@rows>0", "@rows")  # guard: rows > 0
 
 
 def test_loop_exit_test_inside_the_body():

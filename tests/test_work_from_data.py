@@ -69,6 +69,20 @@ def test_boolean_branch_array_sends_whole_warps() -> None:
     assert int(result.sm_issued_op[0, Op.SFU]) == 2 * 3 and int(result.sm_issued_op[0, Op.ALU]) == 1
 
 
+def test_zero_trip_guard_skips_its_set_up_where_the_trips_are_zero() -> None:
+    """`if @rows>0` (what a SASS import writes for a loop's zero-trip guard): warps whose trip
+    count is 0 skip the guarded set-up and the loop; the others run both."""
+    arch = hand_h200(1)
+    rows = np.array([[0, 3], [2, 0], [0, 0]])
+    kernel = make_kernel("if @rows>0\n sfu\n alu\n loop @rows\n  fma dep\n end\nend", grid=3, threads=64,
+                         arrays={"rows": rows})
+    result, ref = _pair(arch, kernel)
+    assert_same(result, ref)
+    from jaxsched.isa import Op
+    assert int(result.sm_issued_op[0, Op.SFU]) == 2 and int(result.sm_issued_op[0, Op.FMA]) == 5
+    assert int(result.sm_issued[0]) == 2 * 2 + 5 + 6  # set-up in 2 warps, 5 trips, an EXIT per warp
+
+
 def test_spmv_row_lengths_show_in_per_sm_busy_times() -> None:
     """An SpMV-like kernel, one CTA per row block, trips = the block's nonzeros, on a power-law
     sparse matrix: each SM issues exactly its CTAs' work, and the imbalance shows in its busy
@@ -139,6 +153,8 @@ def test_a_sweep_over_a_data_kernel(tmp_path) -> None:
     ("loop @t cta_spread=2\n fma\nend", {"t": np.ones(4, int)}, r"program line 1 .*without spreads"),
     ("loop @1t\n fma\nend", {}, r"`@NAME` names an array"),
     ("if @m\n fma\nelse\n alu\nend", {"m": np.full(4, 2**33)}, r"arrays.m = .*32-bit lane masks"),
+    ("if @m>0\n fma\nend", {"m": np.ones(4) * 0.5}, r"arrays.m = 'dtype float64': integers or booleans"),
+    ("if @m>1\n fma\nend", {}, r"`@NAME` names an array"),
 ])
 def test_bad_arrays_get_one_line_errors(program: str, arrays: dict, match: str) -> None:
     with pytest.raises(js.JaxschedError, match=match) as info:

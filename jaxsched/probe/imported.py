@@ -10,9 +10,10 @@ stamp. What SASS cannot know comes from the case, as arrays per warp (`[grid, wa
   hardware run read from its `trips[]` array). An unrolled loop runs `trips // u` times and the
   remainder loop `trips % u` (`u`: FFMAs per SASS loop trip over FFMAs per source trip);
 - `stamp`: the lanes of thread 0's stamps (lane 0 of the CTA's warp 0);
-- `work`: whether the warp has any trip (`trips > 0`), for a test around both loops;
-- `trips_any`, `rest_any`: whether the warp runs the loop at all, for the test ptxas puts before
-  each loop (its zero-trip guard).
+- `work`: whether the warp has any trip (`trips > 0`), for a test around both loops.
+
+The test ptxas puts before each loop (its zero-trip guard) takes the loop's array by default
+(`if @trips>0`, docs/sass_import.md rule 6).
 """
 
 from __future__ import annotations
@@ -34,22 +35,20 @@ _FMAS_PER_TRIP = {"fma_dep": kernels.FMA_UNROLL, "fma_dep_bank": kernels.FMA_UNR
                   "fma_ilp": kernels.ILP_CHAINS * kernels.ILP_UNROLL, "ldg": kernels.LDG_UNROLL}
 
 
-def _names(listing: str, function: str) -> tuple[list[str], list[str], dict[str, str]]:
-    """The function's loops (L1, ...), its branches that are not zero-trip guards, in address
-    order, and the guards with the loop each guards (`sass_import.describe`)."""
+def _names(listing: str, function: str) -> tuple[list[str], list[str]]:
+    """The function's loops (L1, ...) and its branches that are not zero-trip guards, in address
+    order (`sass_import.describe`)."""
     text = describe(listing, function)
     loops = re.findall(r"^\s*(L\d+)\s+loop", text, re.M)
     lines = [m.group(0) for m in re.finditer(r"^\s*B\d+\s+if.*$", text, re.M)]
-    guards = {line.split()[0]: re.search(r"zero-trip guard of (L\d+)", line).group(1)
-              for line in lines if "zero-trip guard" in line}
     branches = [line.split()[0] for line in lines if "zero-trip guard" not in line]
-    return loops, branches, guards
+    return loops, branches
 
 
 def program(case: ProbeCase, listing: str) -> tuple[str, dict[str, np.ndarray]]:
     """`case`'s warp program from its kernel's SASS in `listing`, and the arrays it names."""
     function = f"work_{case.kernel}"
-    loops, branches, guards = _names(listing, function)
+    loops, branches = _names(listing, function)
     body = loop_with(listing, function, "FFMA")
     check(body is not None, f"{function}: loops", loops, "a loop of FFMAs (the trip loop)")
     unroll = body["FFMA"] // _FMAS_PER_TRIP[case.kernel]
@@ -69,9 +68,6 @@ def program(case: ProbeCase, listing: str) -> tuple[str, dict[str, np.ndarray]]:
     if len(branches) == 3:
         arrays["work"] = trips > 0
         outcome[branches[1]] = "work"
-    for guard, loop in guards.items():  # a warp runs a loop's guarded entry only with trips to run
-        arrays[f"{trip_of[loop]}_any"] = arrays[trip_of[loop]] > 0
-        outcome[guard] = f"{trip_of[loop]}_any"
     text = from_sass(listing, function, trips=trip_of, branches=outcome, comments=False)
     return text, arrays
 
