@@ -1,6 +1,7 @@
 """The engine's results do not depend on XLA's CPU code generation.
 
-The suite compiles with the CPU fusion emitters off (conftest.py: half the compile time). This
+The suite compiles with the CPU fusion emitters off and LLVM at -O0 (conftest.py: a third of the
+compile time). This
 runs a varied batch (`benchmarks/cross_device.py`: four programs, grids, clock maps, policies
 and dispatch rotations on the H200 preset) once under the suite's flags and once in a
 subprocess under XLA's defaults, and compares every output bit for bit.
@@ -16,6 +17,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from conftest import SUITE_XLA_FLAGS  # noqa: E402
 from cross_device import configurations  # noqa: E402
 
 from jaxsched.engine.run import simulate_batch  # noqa: E402
@@ -24,7 +26,7 @@ N_CONFIGS = 4
 
 
 def test_default_code_generation_gives_the_same_results(tmp_path):
-    assert "--xla_cpu_use_fusion_emitters=false" in os.environ["XLA_FLAGS"]
+    assert SUITE_XLA_FLAGS in os.environ["XLA_FLAGS"]
     out = tmp_path / "default.npz"
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "cross_device.py"), "--n", str(N_CONFIGS),
