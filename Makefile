@@ -16,4 +16,4 @@ sweep: $(STAMP)
 	$(VENV)/bin/jaxsched sweep -o results/demo
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -n 2 --dist worksteal tests
+	$(VENV)/bin/python -m pytest -v -n 2 --dist worksteal tests

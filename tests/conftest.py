@@ -1,7 +1,9 @@
 """Test-session settings that must precede the first `import jaxsched`."""
 
+import gc
 import os
 
+import pytest
 from hypothesis import settings
 
 # xdist already runs one worker per core (`make test`), so each worker takes one CPU device
@@ -28,3 +30,29 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + SUITE_XLA_FLA
 settings.register_profile("fixed", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
+
+
+# Every compiled simulation stays in JAX's caches for the worker's life (about 50-100 MB each at
+# -O0), which took a worker to 5.8 GB by the end of the suite. Past 1 GB a finished test
+# file's programs are dropped; the next file compiles what it needs (a file rarely reuses
+# another's shapes).
+WORKER_RSS_LIMIT_BYTES = 1 << 30
+
+
+def _rss_bytes() -> int:
+    """This process's resident size (0 where /proc is absent: nothing is dropped)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _bounded_compile_memory():
+    yield
+    if _rss_bytes() > WORKER_RSS_LIMIT_BYTES:
+        import jax
+
+        jax.clear_caches()
+        gc.collect()
