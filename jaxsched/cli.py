@@ -495,6 +495,13 @@ def _number_or_array(flag: str, kind: type) -> Callable[[str, str], object]:
     return convert
 
 
+def _sector_count(part: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise JaxschedError("--sectors", part, "ADDRESS=SECTORS, the sectors an integer in [1, 32]") from None
+
+
 @_command
 def cmd_import_sass(args: argparse.Namespace) -> int:
     from . import sass_import, tomldoc
@@ -507,6 +514,7 @@ def cmd_import_sass(args: argparse.Namespace) -> int:
         text, args.kernel, arch=args.arch,
         trips=_assignments(args.trips, "--trips", _number_or_array("--trips", int)),
         branches=_assignments(args.branch, "--branch", _number_or_array("--branch", float)),
+        sectors=_assignments(args.sectors, "--sectors", _sector_count),
         opmap=_assignments(args.map, "--map", lambda part, text: text))
     function = sass_import.find_function(text, args.kernel, args.arch)
     source = (f"Imported by `jaxsched import-sass` from {Path(args.sass).name}: {function.name}"
@@ -646,6 +654,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="trip counts: a number, or @ARRAY for a per-CTA or per-warp array (repeatable)")
     p.add_argument("--branch", action="append", metavar="B1=0.5",
                    help="fraction of lanes that fall through a branch into its if-block, or @ARRAY (repeatable)")
+    p.add_argument("--sectors", action="append", metavar="0x0c90=1",
+                   help="32-byte sectors a global memory instruction's accesses touch, by SASS address, where "
+                   "they are not 32 coalesced lanes (thread 0's store: 1; a strided load: up to 32) (repeatable)")
     p.add_argument("--map", action="append", metavar="OP=CLASS",
                    help="class of an opcode the table lacks or that you want to override: fma, alu, sfu, lds, "
                    "ldg, shfl, bar or drop (repeatable)")

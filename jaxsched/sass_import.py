@@ -56,6 +56,7 @@ _REG = re.compile(r"(?:U?R(?:\d+|Z)|B\d+)(?:\.\w+)*")
 _READ = re.compile(r"(?<![\w$.])(U?R\d+|U?P\d|B\d+)((?:\.\w+)*)")
 _ARRAY = re.compile(r"[A-Za-z_]\w*")
 _LANES = 32
+SECTOR_BYTES = 32  # the unit in which L2 and DRAM serve a warp's coalesced accesses
 
 
 @dataclasses.dataclass
@@ -448,8 +449,25 @@ def _ldg_bytes(ins: Instr) -> int:
     return per_lane * _LANES
 
 
+def _sector_bytes(s: Structure, classes: dict[int, str], sectors: dict | None) -> dict[int, int]:
+    """Bytes of the global memory instructions whose 32-byte sectors `sectors` gives, by
+    instruction index; keys are SASS addresses."""
+    memory = {s.instrs[k].addr: k for k, cls in classes.items() if cls == "ldg"}
+    out: dict[int, int] = {}
+    for key, value in (sectors or {}).items():
+        addr = int(key, 16) if isinstance(key, str) and re.fullmatch(r"0[xX][0-9a-fA-F]+", key) else None
+        if addr not in memory:
+            listed = ", ".join(f"0x{a:04x}" for a in memory) or "none"
+            raise JaxschedError("sectors", key, f"kernel {s.function.name} has no global memory instruction at "
+                                f"that address; it has {listed}")
+        check(isinstance(value, numbers.Integral) and not isinstance(value, bool) and 1 <= value <= _LANES,
+              f"sectors.{key}", value, f"the 32-byte sectors a warp's accesses touch: an integer in [1, {_LANES}]")
+        out[memory[addr]] = int(value) * SECTOR_BYTES
+    return out
+
+
 def _emit(s: Structure, classes: dict[int, str], trip: dict[str, str], outcome: dict[str, str],
-          comments: bool) -> str:
+          sector_bytes: dict[int, int], comments: bool) -> str:
     # Dependences: a read waits for a register some earlier instruction writes, or (inside a loop)
     # one the loop writes anywhere: the previous trip's result.
     order: list[tuple[int, Loop | None]] = []
@@ -497,7 +515,7 @@ def _emit(s: Structure, classes: dict[int, str], trip: dict[str, str], outcome: 
             elif deps[k]:
                 words.append("dep=" + ",".join(deps[k]))
             if cls == "ldg":
-                words.append(f"bytes={_ldg_bytes(ins)}")
+                words.append(f"bytes={sector_bytes.get(k) or _ldg_bytes(ins)}")
         note = " (callee not imported)" if ins.opcode == "CALL" else ""
         lines.append(_line(depth, " ".join(words), f"{ins.addr:04x} {ins.full}{note}", comments))
 
@@ -527,12 +545,16 @@ def _emit(s: Structure, classes: dict[int, str], trip: dict[str, str], outcome: 
 
 
 def from_sass(text: str, kernel: str | None = None, *, trips: dict | None = None, branches: dict | None = None,
-              opmap: dict[str, str] | None = None, arch: str | None = None, comments: bool = True) -> str:
+              sectors: dict | None = None, opmap: dict[str, str] | None = None, arch: str | None = None,
+              comments: bool = True) -> str:
     """The warp program (jaxsched's program text form) of `kernel` in the SASS listing `text`.
 
     `trips` gives each loop's trip count (`{"L1": 100}`; a string names an array: `{"L2": "rows"}`
     becomes `loop @rows`); `branches` each branch's fraction of lanes that fall through it into the
     `if` block (`{"B1": 0.5}`, or an array name); keys are names or SASS addresses (`"0x0250"`).
+    `sectors` gives a global memory instruction whose accesses are not 32 distinct coalesced
+    lanes the 32-byte sectors they touch, by SASS address (`{"0x0c90": 1}`: thread 0's store, or a
+    load of one address by every lane); it then moves that many sectors.
     `opmap` classes opcodes the table lacks or overrides it (`{"HMMA": "fma", "NOP": "drop"}`).
     `arch` picks the architecture of a multi-architecture listing; `comments` adds each line's
     SASS address and text. Raises `JaxschedError` naming every missing trip count or outcome,
@@ -541,7 +563,7 @@ def from_sass(text: str, kernel: str | None = None, *, trips: dict | None = None
     s = structure(function)
     classes = _check_known(s, _opmap(opmap))
     trip, outcome = _resolve(s, trips, branches)
-    return _emit(s, classes, trip, outcome, comments)
+    return _emit(s, classes, trip, outcome, _sector_bytes(s, classes, sectors), comments)
 
 
 def describe(text: str, kernel: str | None = None, arch: str | None = None) -> str:

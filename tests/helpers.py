@@ -271,3 +271,26 @@ def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: st
                            dvfs_step=True, closed_loop_step=True, cta_slots=int(arch.max_blocks_per_sm),
                            max_ctas=grid, dep_slots=MAX_DEP_SLOTS, max_ticks=max_ticks)
     return jax.tree.map(lambda x: x[0], batch)
+
+
+def cuda_tools() -> dict[str, str] | None:
+    """Paths of `nvcc` and `cuobjdump` for compiling test kernels: the test extra's wheels
+    (nvidia-cuda-nvcc, nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm: `pip install -e '.[test]'`),
+    else a CUDA toolkit on PATH; None where neither has both, or no host C++ compiler (nvcc
+    preprocesses with it)."""
+    import shutil
+    from pathlib import Path
+
+    if shutil.which("g++") is None and shutil.which("c++") is None:
+        return None
+    try:
+        import nvidia
+
+        folders = sorted({nvcc.parent for root in nvidia.__path__ for nvcc in Path(root).glob("cu*/bin/nvcc")})
+    except ImportError:
+        folders = []
+    for folder in folders:
+        if (folder / "cuobjdump").exists():
+            return {"nvcc": str(folder / "nvcc"), "cuobjdump": str(folder / "cuobjdump")}
+    nvcc, cuobjdump = shutil.which("nvcc"), shutil.which("cuobjdump")
+    return {"nvcc": nvcc, "cuobjdump": cuobjdump} if nvcc and cuobjdump else None

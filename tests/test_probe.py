@@ -5,7 +5,7 @@ known. The live run is skipped unless CuPy sees a CUDA GPU."""
 from __future__ import annotations
 
 import json
-import shutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +21,8 @@ from jaxsched.cli import main
 from jaxsched.probe import calibrate, kernels, layout, metrics, sass, store, timing
 from jaxsched.probe.suite import ProbeCase, default_suite, select
 from jaxsched.reference import warp_trips
+
+from helpers import cuda_tools
 
 H200 = js.presets.get("h200")
 DATA = Path(__file__).resolve().parent.parent / "data" / "h200"
@@ -164,12 +166,12 @@ def test_sass_loop_counts():
     assert sass.loop_with(SASS_SNIPPET, "other", "IADD3") is None
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.skipif(cuda_tools() is None, reason="no nvcc (pip install -e '.[test]' brings it) or no host C++ compiler")
 def test_kernels_compile_for_hopper(tmp_path):
     src = tmp_path / "probe.cu"
     src.write_text(kernels.source())
     flags = [f"-D{k}={v}" for k, v in kernels.defines().items()]
-    subprocess.run(["nvcc", "-cubin", "-arch=sm_90", "-O3", *flags, "-o", str(tmp_path / "p.cubin"), str(src)],
+    subprocess.run([cuda_tools()["nvcc"], "-cubin", "-arch=sm_90", "-O3", *flags, "-o", str(tmp_path / "p.cubin"), str(src)],
                    check=True, capture_output=True)
 
 
@@ -445,7 +447,8 @@ def test_live_probe_one_case(tmp_path):
 
 def test_every_probe_case_imports_from_its_own_sass():
     """Each case's program imported from the committed SASS (`probe.imported`) builds a kernel
-    with the case's per-warp trips: the trip loop (and ldg's remainder loop) and the stamps."""
+    with the case's per-warp trips: the trip loop (and ldg's remainder loop) and the stamps; the
+    memory instructions outside the loops (stamps, the trip count's load) move one sector each."""
     from jaxsched.probe import imported
 
     listing = (DATA / "sass_work.txt").read_text()
@@ -456,3 +459,5 @@ def test_every_probe_case_imports_from_its_own_sass():
         unroll = 1 if "rest" not in arrays else 4
         np.testing.assert_array_equal(arrays["trips"] * unroll + arrays.get("rest", 0), trips)
         assert kernel.n_loops == (2 if case.kernel == "ldg" else 1) and "@stamp" in text
+        assert set(re.findall(r"bytes=(\d+)", text)) == ({"32", "128"} if case.kernel == "ldg" else {"32"})
+        assert text.count("bytes=128") == (5 * kernels.LDG_UNROLL if case.kernel == "ldg" else 0)

@@ -1,24 +1,31 @@
 """`import-sass`: SASS listings into program text (jaxsched.sass_import, jaxsched.sass): the opcode
 table, register dependences, control-flow structuring (hand-made listings, random structured
-programs, and real kernels compiled for sm_80 and sm_90 in tests/data/sass/), the probe's own
-kernel, errors, and the command line. No simulation: the program text is what is checked."""
+programs, and real kernels for sm_80 and sm_90: the listings in tests/data/sass/ and the same
+sources compiled by the test run's nvcc), the probe's own kernel, errors, and the command line.
+The program text is what is checked; the freshly compiled kernels also run in the reference."""
 
 from __future__ import annotations
 
 import collections
 import re
+import subprocess
+import tempfile
 import tomllib
 from pathlib import Path
 
 import pytest
+import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxsched import sass, sass_import
+from jaxsched import clocks, reference, sass, sass_import
 from jaxsched.cli import main
 from jaxsched.errors import JaxschedError
 from jaxsched.probe import sass as probe_sass
+from jaxsched.kernel import make_kernel
 from jaxsched.sass_import import from_sass, instruction_class, registers
+
+from helpers import cuda_tools, small_arch
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "sass"
@@ -139,6 +146,27 @@ def test_every_class_in_the_table_is_an_instruction_class():
 def test_ldg_bytes_from_the_access_width(text, nbytes):
     program = from_sass(listing(text, "EXIT"), comments=False)
     assert f"bytes={nbytes}" in program.splitlines()[0]
+
+
+def test_sectors_give_a_memory_instruction_its_bytes():
+    """Thread 0's 8-byte store touches one sector (32 bytes, not 256), a strided 4-byte load 32
+    (1024 bytes, not 128); the others keep the width times 32 lanes."""
+    text = listing("@!P0 STG.E.64 desc[UR6][R2.64+0x8], R8", "LDG.E R3, desc[UR6][R4.64]",
+                   "LDG.E R5, desc[UR6][R6.64]", "EXIT")
+    lines = from_sass(text, comments=False, sectors={"0x0000": 1, "0x0010": 32}).splitlines()
+    assert [re.search(r"bytes=(\d+)", line).group(1) for line in lines[:3]] == ["32", "1024", "128"]
+
+
+@pytest.mark.parametrize("sectors, match", [
+    ({"0x0020": 1}, "sectors = '0x0020'.*no global memory instruction.*0x0000, 0x0010"),
+    ({"L1": 1}, "sectors = 'L1'.*no global memory instruction"),
+    ({"0x0000": 0}, "sectors.0x0000 = 0.*\\[1, 32\\]"), ({"0x0000": 33}, "sectors.0x0000 = 33"),
+    ({"0x0000": 1.5}, "sectors.0x0000"),
+])
+def test_sectors_of_no_memory_instruction_or_out_of_range(sectors, match):
+    text = listing("STG.E desc[UR6][R2.64], R8", "LDG.E R3, desc[UR6][R4.64]", "IADD3 R1, R1, 0x1, RZ", "EXIT")
+    with pytest.raises(JaxschedError, match=match):
+        from_sass(text, sectors=sectors)
 
 
 # --------------------------------------------------------------------------- registers
@@ -366,8 +394,35 @@ _KERNELS = {
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("name", sorted(_KERNELS))
 def test_compiled_kernels_import(name, arch):
+    _check_import(name, (DATA / f"{name}.{arch}.sass").read_text())
+
+
+def test_kernels_compiled_now_import_and_run():
+    """The five kernels' sources compiled here (nvcc -O3 -cubin, cuobjdump -sass, sm_80 and
+    sm_90) import as the committed listings do, and each runs in the reference."""
+    tools = cuda_tools()
+    if tools is None:
+        pytest.skip("no nvcc and cuobjdump (pip install -e '.[test]' brings them) or no host C++ compiler")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in sorted(_KERNELS):
+            for arch in ("sm_80", "sm_90"):
+                cubin = Path(tmp) / f"{name}.{arch}.cubin"
+                subprocess.run([tools["nvcc"], "-cubin", f"-arch={arch}", "-O3", "-o", str(cubin),
+                                str(DATA / f"{name}.cu")], check=True, capture_output=True)
+                text = subprocess.run([tools["cuobjdump"], "-sass", str(cubin)], check=True, capture_output=True,
+                                      text=True).stdout
+                program = _check_import(name, text)
+                if arch == "sm_90":
+                    arch_ = small_arch(1)
+                    ref = reference.simulate(arch=arch_, kernel=make_kernel(program, grid=2, threads=64, seed=3),
+                                             clocks=clocks.from_array(arch_, np.full(arch_.n_sm_slots, 1500.0)))
+                    assert int(ref["warp_issued"].sum()) > 0
+
+
+def _check_import(name: str, text: str) -> str:
+    """`text`'s kernel `name` imports with 4 trips per loop and half the lanes in every branch,
+    with the loops and instruction classes of `_KERNELS`; the program text."""
     kernel, totals, per_loop = _KERNELS[name]
-    text = (DATA / f"{name}.{arch}.sass").read_text()
     loop_names, branch_names = names_of(text, kernel)
     program = from_sass(text, kernel, trips={n: 4 for n in loop_names}, branches={n: 0.5 for n in branch_names})
     t = tree(program)
@@ -382,6 +437,7 @@ def test_compiled_kernels_import(name, arch):
         for cls, at_least in body.items():
             assert direct[cls] >= at_least, (i, cls, direct)
     assert "bytes=" in program and "dep=" in program
+    return program
 
 
 def test_unrolled_loops_nest_in_their_guards():
@@ -529,9 +585,21 @@ def test_cli_prints_and_maps(capsys):
     assert all(not line.split("#")[0].strip().startswith("lds") for line in doc["program"].splitlines())
 
 
+def test_cli_sectors(capsys):
+    path = DATA / "matmul.sm_90.sass"
+    addr = next(f"0x{ins.addr:04x}" for ins in sass.find_function(path.read_text()).instrs if ins.opcode == "STG")
+    rc = main(["import-sass", str(path), "--trips", "L1=4", "--sectors", f"{addr}=1"])
+    doc = tomllib.loads(capsys.readouterr().out)["kernel"]
+    assert rc == 0
+    assert doc["program"] == from_sass(path.read_text(), trips={"L1": 4}, sectors={addr: 1})
+    assert "bytes=32" in doc["program"]
+
+
 @pytest.mark.parametrize("argv, match", [
     (["--trips", "L1=abc"], "--trips"), (["--trips", "L1"], "KEY=VALUE"), ([], "L1 \\(0x0230\\)"),
     (["--trips", "L1=4", "--map", "FFMA=gpu"], "opmap.FFMA"),
+    (["--trips", "L1=4", "--sectors", "0x0000=one"], "--sectors.*ADDRESS=SECTORS"),
+    (["--trips", "L1=4", "--sectors", "0x0000=1"], "sectors = '0x0000'.*no global memory instruction"),
 ])
 def test_cli_errors(capsys, argv, match):
     rc = main(["import-sass", str(DATA / "matmul.sm_90.sass"), *argv])
