@@ -1,19 +1,14 @@
 """The ceiling benchmarks run the rules they claim: the on-chip (Pallas) step, in Pallas's
 interpreter, equals the dense XLA step of `dense_step_ceiling.py` on the same chips, and with
 its extra fields, the chip-wide queue and its SMs split into column groups equals its own XLA twin (benchmarks/RESULTS.md,
-"The ceiling of a step that keeps the warp state on chip (`benchmarks/onchip_step_ceiling.py`)")."""
+"The ceiling of a step that keeps the warp state on chip (`experiments/onchip_step_ceiling.py`)")."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import onchip_step_ceiling  # noqa: E402
+import onchip_step_ceiling  # experiments/, on pytest's pythonpath (pyproject.toml)
 
 
 @pytest.mark.parametrize("fields, coupled, split", [(0, False, False), (0, False, True), (2, False, False),

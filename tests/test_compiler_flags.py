@@ -14,13 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
+from conftest import SUITE_XLA_FLAGS
+from cross_device import configurations  # benchmarks/, on pytest's pythonpath (pyproject.toml)
+
+from jaxsched.engine.run import simulate_batch
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-from conftest import SUITE_XLA_FLAGS  # noqa: E402
-from cross_device import configurations  # noqa: E402
-
-from jaxsched.engine.run import simulate_batch  # noqa: E402
 
 N_CONFIGS = 4
 

@@ -7,7 +7,7 @@ size that fits, it asks the driver (`cuOccupancyMaxActiveBlocksPerMultiprocessor
 kernel opted in to exactly that dynamic size) and `jaxsched.occupancy` (with the kernel's
 registers and static shared memory as compiled) for the CTAs per SM, and counts disagreements.
 
-    python benchmarks/occupancy_driver.py -o occupancy_driver.json    # on a machine with a GPU
+    python calibration/occupancy_driver.py -o occupancy_driver.json    # on a machine with a GPU
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ and "sm" (per-kernel split; tighter, not strict), and the issue-slot bound
 Everything runs in one `simulate_batch` call (about 15 s on an H200; tens of minutes on a
 2-core CPU).
 
-    python benchmarks/bounds_gap.py [--maps 3] [--program mixed|compute] [--warp-policy gto] > gaps.json
+    python experiments/bounds_gap.py [--maps 3] [--program mixed|compute] [--warp-policy gto] > gaps.json
 """
 
 from __future__ import annotations

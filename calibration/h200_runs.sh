@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The device runs behind benchmarks/RESULTS.md and the README's DVFS and die-scaling results, as
 # run on one H200 (`OUT` collects what comes back; big datasets are reduced to what the reports
-# need). Usage: OUT=dir bash benchmarks/h200_runs.sh [overhead|r2r|10k|die|dvfs|validate ...]
+# need). Usage: OUT=dir bash calibration/h200_runs.sh [overhead|r2r|10k|die|dvfs|validate ...]
 set -u
 export PYTHONPATH=$PWD${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}  # e.g. pure-Python wheels the device lacks
 OUT=${OUT:-results/h200}
@@ -48,8 +48,8 @@ for job in "$@"; do
     10k) cli_or_memory h200_10k sweeps/h200_10k.toml makespan_ns ;;
     die) cli_or_memory die_scaling sweeps/die_scaling.toml makespan_ns sm_freq_mhz ;;
     dvfs) timed dvfs python benchmarks/throughput.py --batch 1024 --dvfs ;;
-    overhead) nvcc -O2 -o /tmp/launch_overhead benchmarks/launch_overhead.cu \
+    overhead) nvcc -O2 -o /tmp/launch_overhead calibration/launch_overhead.cu \
                 && timed overhead /tmp/launch_overhead && cp "$OUT/overhead.log" "$OUT/launch_overhead.json" ;;
-    validate) timed validate python benchmarks/validate_hw.py --data data/h200 -o "$OUT/validate_hw.json" --batch 14 ;;
+    validate) timed validate python calibration/validate_hw.py --data data/h200 -o "$OUT/validate_hw.json" --batch 14 ;;
   esac
 done

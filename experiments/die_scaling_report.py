@@ -10,7 +10,7 @@ of that slot bound and the issue-slot bound (`issue_bound.issue_ns`: the kernel'
 and the launch credit its refills need, over the schedulers' issue cycles; docs/bounds.md
 section 7), whose demand is counted from the first uniform run.
 
-    python benchmarks/die_scaling_report.py OUT|reduced.nc [--png docs/img/die_scaling.png]
+    python experiments/die_scaling_report.py OUT|reduced.nc [--png docs/img/die_scaling.png]
         [--spec sweeps/die_scaling_ms.toml]
 """
 

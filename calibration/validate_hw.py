@@ -9,8 +9,8 @@ to agree best with the SMs the launch gave its first CTAs, and GTO warp scheduli
 - per-SM CTA counts (fraction of SMs with the same count, largest difference);
 - completion stagger of each SM's first-wave CTAs (first end over last end, medians).
 
-    python benchmarks/validate_hw.py --data data/h200 -o data/h200/validate_hw.json [--cases NAME ...]
-    python benchmarks/validate_hw.py --program sass -o data/h200/validate_hw_sass.json
+    python calibration/validate_hw.py --data data/h200 -o data/h200/validate_hw.json [--cases NAME ...]
+    python calibration/validate_hw.py --program sass -o data/h200/validate_hw_sass.json
 
 `--program sass` simulates the programs imported from the probe kernels' own SASS
 (`jaxsched.probe.imported`) instead of the hand-written ones.

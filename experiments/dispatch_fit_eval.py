@@ -22,7 +22,7 @@ makespan change against hardware dispatch on the same chips (`against_hardware`)
 Policies: `hardware`, `weighted` by the true clocks, the learned weights, `closed_loop` with the
 engine's defaults (alpha 0.25, prior 0) and with the fitted parameters.
 
-    python benchmarks/dispatch_fit_eval.py [--waves 4 8 16] [--train-maps 8] [--test-maps 12]
+    python experiments/dispatch_fit_eval.py [--waves 4 8 16] [--train-maps 8] [--test-maps 12]
         [--loop 256] [--steps 30] [--out results/dispatch_fit_eval] > dispatch_fit_eval.json
 
 Default chip: `sweeps/arches/h200_8sm.toml` (the H200 SM, 8 SMs) so that the engine runs of a

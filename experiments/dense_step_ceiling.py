@@ -16,7 +16,7 @@ About 15 element operations per warp slot and cycle, against about 1,100 in the 
 Throughput is reported like `throughput.py`: simulated SM-cycles per second, with the device,
 the batch, the compile time and the CPU time of the run.
 
-    python benchmarks/dense_step_ceiling.py [--batch 8] [--steps 20000] [--sms 132]
+    python experiments/dense_step_ceiling.py [--batch 8] [--steps 20000] [--sms 132]
 """
 
 from __future__ import annotations

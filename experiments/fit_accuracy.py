@@ -21,7 +21,7 @@ Sections (`--only` picks some; all by default):
   the same mean clock); plus the proposed per-SM EMA prior (`closed_loop_per_sm`), run through
   the engine's internal entry point as a *prototype* (the public API takes one prior).
 
-    python benchmarks/fit_accuracy.py [--only speeds surrogate gradients dispatch] [--arch h200] [--chips 4]
+    python experiments/fit_accuracy.py [--only speeds surrogate gradients dispatch] [--arch h200] [--chips 4]
         [--maps 4] [--spec sweeps/fit_dispatch.toml] [--out results/fit_accuracy] > fit_accuracy.json
 """
 

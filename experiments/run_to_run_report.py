@@ -2,7 +2,7 @@
 random power/thermal states, for the short and the long kernel, with DVFS and with clock lock.
 Prints a markdown table and draws each run's time relative to the median.
 
-    python benchmarks/run_to_run_report.py OUT|reduced.nc [--png docs/img/run_to_run.png]
+    python experiments/run_to_run_report.py OUT|reduced.nc [--png docs/img/run_to_run.png]
 """
 
 from __future__ import annotations

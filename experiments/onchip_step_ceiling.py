@@ -18,7 +18,7 @@ Like `dense_step_ceiling.py` it is not a simulator; its speed is a ceiling for s
 `--check` compares its counters with `dense_step_ceiling.py`'s step on the same chips (both run
 the same rules; on the CPU the kernel runs in Pallas's interpreter).
 
-    python benchmarks/onchip_step_ceiling.py [--batch 4096] [--steps 20000] [--sms 132] [--fields 0]
+    python experiments/onchip_step_ceiling.py [--batch 4096] [--steps 20000] [--sms 132] [--fields 0]
         [--coupled] [--split] [--num-warps 8] [--check]
 """
 

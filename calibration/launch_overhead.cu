@@ -1,7 +1,7 @@
 // Kernel launch overhead on the local GPU, for the Arch fields launch_api_ns, launch_gap_ns,
 // graph_api_ns and graph_gap_ns (docs/model.md section 13; docs/calibration.md).
 //
-//   nvcc -O2 -o /tmp/launch_overhead benchmarks/launch_overhead.cu && /tmp/launch_overhead
+//   nvcc -O2 -o /tmp/launch_overhead calibration/launch_overhead.cu && /tmp/launch_overhead
 //
 // prints one JSON object (medians over REPEATS, nanoseconds):
 // - api_ns: host time of one cudaLaunchKernel while the GPU is busy (a spin kernel runs first),

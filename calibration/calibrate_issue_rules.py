@@ -17,9 +17,9 @@ Each target is an experiment of `jaxsched.probe.experiments`, simulated on a cut
 Every combination of the candidate values is simulated (one compilation per kernel shape: the
 parameters are traced) and printed with its error against the measurement, as JSON.
 
-    python benchmarks/calibrate_issue_rules.py --sms 4 --branch 0 20 --idle 0 128 256 -o OUT.json
+    python calibration/calibrate_issue_rules.py --sms 4 --branch 0 20 --idle 0 128 256 -o OUT.json
     # the preset's own values, refill delays only, at 1-8 warps per scheduler
-    python benchmarks/calibrate_issue_rules.py --sms 2 --branch 9 --idle 256 --fma-issue 1 \
+    python calibration/calibrate_issue_rules.py --sms 2 --branch 9 --idle 256 --fma-issue 1 \
         --parts refill --refill-threads 128 256 384 512 640 768 1024
 """
 
