@@ -17,7 +17,7 @@ from . import archio, compile_cache, fit_cli, presets, probe_cli, tomldoc
 from .archvalues import ArchValues
 from .errors import INT32_MAX, JaxschedError, check, os_error
 from .occupancy import CARVEOUT_DEFAULT, NO_LIMIT, occupancy
-from .policies import DISPATCH_POLICIES, WARP_POLICIES
+from .policies import DEFAULT_DISPATCH, DEFAULT_WARP_POLICY, DISPATCH_POLICIES, WARP_POLICIES
 
 if TYPE_CHECKING:
     from .arch import Arch
@@ -593,8 +593,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(spatially correlated within-die variation, binned to the clock step), capped at boost")
     g.add_argument("--sigma", type=float, default=None, help="relative spread of --clock-model (0.05 = 5 %%)")
     g.add_argument("--seed", type=int, default=None, help="which random chip of --clock-model (default 0)")
-    p.add_argument("--warp-policy", default="gto", choices=WARP_POLICIES)
-    p.add_argument("--dispatch", default="hardware", choices=DISPATCH_POLICIES)
+    p.add_argument("--warp-policy", default=DEFAULT_WARP_POLICY, choices=WARP_POLICIES)
+    p.add_argument("--dispatch", default=DEFAULT_DISPATCH, choices=DISPATCH_POLICIES)
     p.add_argument("--dispatch-start", type=int, default=0, help="rotation of the hardware SM order")
     p.add_argument("--json", action="store_true", help="print JSON (with the per-CTA trace)")
     p.add_argument("--no-fast-forward", action="store_true", help=_NO_FF_HELP)

@@ -26,6 +26,7 @@ MODES = ("off", "dvfs", "lock")
 DOMAINS = ("chip", "gpc", "sm")
 T_REF_MK = 25_000  # leakage is specified at 25 C
 T_MIN_MK, T_MAX_MK = -273_000, 1_000_000  # temperatures saturate (a thermal runaway does not overflow)
+MAX_TRACE_ROWS = 1 << 16  # clock-trace rows a run keeps (`trace_len`), in either engine
 MAX_PERIOD_US = 100_000.0  # 0.1 s: periods and time constants stay int32 ticks at 10 GHz
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import INT32_MAX, check
+from .policies import DEFAULT_EMA_ALPHA, DEFAULT_WARP_POLICY
 
 CLOCK_SHARE_WARNING = 0.3  # below this share of clock-bound time the timing barely shows the clock
 
@@ -37,7 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> Callable[[argparse.Nam
     s.add_argument("--reference", nargs="+", default=None, metavar="REF",
                    help="traces of the same kernel on chips with known clocks (sets the scale)")
     s.add_argument("--mean-mhz", type=float, default=None, help="scale relative speeds to this mean clock")
-    s.add_argument("--ema-alpha", type=float, default=0.25, help="smoothing of the EMA estimate compared with")
+    s.add_argument("--ema-alpha", type=float, default=DEFAULT_EMA_ALPHA, help="smoothing of the EMA estimate compared with")
     s.add_argument("--steps", type=int, default=300, help="Adam steps")
     d = sub.add_parser("dispatch", help="dispatch weights / closed-loop parameters, judged in the exact engine")
     d.add_argument("spec", help="fit spec TOML (see sweeps/fit_dispatch.toml)")
@@ -66,7 +67,7 @@ def _auto_references(traces: list) -> list:
     kernel = trace_mod.kernel(first)
     _say(f"scale: two uniform-chip runs of {kernel.name} on {arch_name} (the engine, here)")
     return reference_traces(presets.get(arch_name), kernel, str(first.attrs["program"]),
-                            warp_policy=str(first.attrs.get("warp_policy", "gto")))
+                            warp_policy=str(first.attrs.get("warp_policy", DEFAULT_WARP_POLICY)))
 
 
 def _speeds(args: argparse.Namespace) -> int:

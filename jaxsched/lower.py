@@ -25,7 +25,7 @@ from .errors import INT32_MAX, INT32_MIN, JaxschedError, check, check_floats, ch
 from .isa import Op
 from .kernel import WAIT_BITS, Kernel, data_rows, validate_kernel
 from .occupancy import REG_SHARE_ONE, check_launch, occupancy
-from .policies import DISPATCH_POLICIES, WARP_POLICIES
+from .policies import DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DISPATCH_POLICIES, WARP_POLICIES
 
 QUEUE_ONE_TICK = 1024  # memory-queue backlog is kept in 1/1024 of a tick
 BRANCH_HASH_ONE = 1 << 24  # branch lane draws compare 24-bit hashes against p * 2^24
@@ -241,8 +241,8 @@ def _lower(
     dispatch_policy: Int[Array, ""] | int,
     dispatch_start: Int[Array, ""] | int,
     dispatch_weight: Int[Array, " sm"] | None = None,
-    ema_alpha: Float[Array, ""] | float = 0.25,
-    ema_prior_ns: Float[Array, ""] | float = 0.0,
+    ema_alpha: Float[Array, ""] | float = DEFAULT_EMA_ALPHA,
+    ema_prior_ns: Float[Array, ""] | float = DEFAULT_EMA_PRIOR_NS,
     dvfs: Dvfs | None = None,
 ) -> Launch:
     """Convert one configuration to engine units. Traceable; call `validate` first when concrete.

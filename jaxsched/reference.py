@@ -55,6 +55,7 @@ from .errors import check
 from .isa import Op
 from .kernel import FIXED, MAX_DEP_SLOTS, MEMORY, MIO
 from .occupancy import REG_SHARE_ONE
+from .policies import DEFAULT_DISPATCH, DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_WARP_POLICY
 
 MASK32 = 0xFFFFFFFF
 GOLDEN32 = 0x9E3779B9
@@ -1291,12 +1292,12 @@ def simulate(
     kernel,
     clocks=None,
     *,
-    warp_policy: str | int = "gto",
-    dispatch: str | int = "hardware",
-    dispatch_start: int = 0,
+    warp_policy: str | int = DEFAULT_WARP_POLICY,
+    dispatch: str | int = DEFAULT_DISPATCH,
+    dispatch_start: int = DEFAULT_DISPATCH_START,
     dispatch_weight=None,
-    ema_alpha: float = 0.25,
-    ema_prior_ns: float = 0.0,
+    ema_alpha: float = DEFAULT_EMA_ALPHA,
+    ema_prior_ns: float = DEFAULT_EMA_PRIOR_NS,
     max_ticks: int = 10**7,
     dispatch_trace: bool = False,
     dvfs=None,
@@ -1332,8 +1333,8 @@ def simulate(
     lower_mod.validate_dispatch(arch, dispatch_weight, ema_alpha, ema_prior_ns)
     if dvfs is not None:
         dvfs_mod.validate_dvfs(dvfs)
-    check(isinstance(trace_len, (int, np.integer)) and 0 <= trace_len <= 2**20, "trace_len",
-          trace_len, "an integer number of trace rows in 0 .. 2^20")
+    check(isinstance(trace_len, (int, np.integer)) and 0 <= trace_len <= dvfs_mod.MAX_TRACE_ROWS, "trace_len",
+          trace_len, f"an integer number of trace rows in 0 .. {dvfs_mod.MAX_TRACE_ROWS}")
     wp = lower_mod.policy_index(warp_policy, lower_mod.WARP_POLICIES, "warp_policy")
     dp = lower_mod.policy_index(dispatch, lower_mod.DISPATCH_POLICIES, "dispatch")
     launches = [lower_mod.to_numpy(lower_mod.lower(

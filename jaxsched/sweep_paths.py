@@ -32,6 +32,7 @@ from .arch import Arch
 from .errors import INT32_MAX, JaxschedError, check
 from .kernel import Kernel
 from .lower import DISPATCH_POLICIES, WARP_POLICIES
+from .policies import DEFAULT_DISPATCH, DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_WARP_POLICY
 
 Point = Mapping[str, object]  # group -> Arch | Kernel | dict of a table group
 
@@ -293,8 +294,8 @@ GROUPS: dict[str, TableGroup | PytreeGroup] = {
          # closed-loop dispatch: EMA smoothing factor and initial CTA-duration estimate
          "ema_alpha": Param("float", 0.0, 1.0),
          "ema_prior_ns": Param("float", 0.0, 1e8, high_open=True)},
-        lambda arch: {"warp": "gto", "dispatch": "hardware", "dispatch_start": 0, "weights": "clocks",
-                      "ema_alpha": 0.25, "ema_prior_ns": 0.0}),
+        lambda arch: {"warp": DEFAULT_WARP_POLICY, "dispatch": DEFAULT_DISPATCH, "dispatch_start": DEFAULT_DISPATCH_START,
+                      "weights": "clocks", "ema_alpha": DEFAULT_EMA_ALPHA, "ema_prior_ns": DEFAULT_EMA_PRIOR_NS}),
     "clocks": TableGroup(
         {"model": Param("choice", choices=CLOCK_MODELS),
          "mean_ghz": Param("float", 0.0, low_open=True),

@@ -24,9 +24,10 @@ from .. import clocks as clocks_mod
 from .. import compile_cache
 from ..arch import Arch
 from ..clocks import Clocks
-from ..dvfs import MODES, Dvfs, off, validate_dvfs
+from ..dvfs import MAX_TRACE_ROWS, MODES, Dvfs, off, validate_dvfs
 from ..errors import JaxschedError, check, check_ints, is_traced
 from ..kernel import MAX_DEP_SLOTS, MAX_TRIPS, Kernel
+from ..policies import DEFAULT_DISPATCH, DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_WARP_POLICY
 from ..lower import (DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, policy_index, policy_indices,
                      shapes_for, validate, validate_dispatch)
 from ..workload import Workload
@@ -358,7 +359,8 @@ def _compiled_in(needed: bool, requested: bool | None, field: str, why: str) -> 
 
 
 def _trace_len(n: int) -> int:
-    check(isinstance(n, (int, np.integer)) and 0 <= n <= 1 << 16, "trace_len", n, "an integer in 0 .. 65536")
+    check(isinstance(n, (int, np.integer)) and 0 <= n <= MAX_TRACE_ROWS, "trace_len", n,
+          f"an integer in 0 .. {MAX_TRACE_ROWS}")
     return int(n)
 
 
@@ -412,12 +414,12 @@ def simulate(
     kernel: Kernel | Workload,
     clocks: Clocks | None = None,
     *,
-    warp_policy: str | int = "gto",
-    dispatch: str | int = "hardware",
-    dispatch_start: int = 0,
+    warp_policy: str | int = DEFAULT_WARP_POLICY,
+    dispatch: str | int = DEFAULT_DISPATCH,
+    dispatch_start: int = DEFAULT_DISPATCH_START,
     dispatch_weight: ArrayLike | None = None,
-    ema_alpha: float = 0.25,
-    ema_prior_ns: float = 0.0,
+    ema_alpha: float = DEFAULT_EMA_ALPHA,
+    ema_prior_ns: float = DEFAULT_EMA_PRIOR_NS,
     dvfs: Dvfs | None = None,
     trace_len: int = 0,
     max_ticks: int = MAX_TICKS,
@@ -507,8 +509,8 @@ def simulate_batch(
     dispatch_start: ArrayLike,
     *,
     dispatch_weight: Sequence[ArrayLike | None] | None = None,
-    ema_alpha: ArrayLike = 0.25,
-    ema_prior_ns: ArrayLike = 0.0,
+    ema_alpha: ArrayLike = DEFAULT_EMA_ALPHA,
+    ema_prior_ns: ArrayLike = DEFAULT_EMA_PRIOR_NS,
     dvfs: Sequence[Dvfs | None] | None = None,
     trace_len: int = 0,
     max_ticks: int = MAX_TICKS,

@@ -33,6 +33,7 @@ from jaxtyping import Array, Float, Int
 from ..arch import Arch
 from ..clocks import per_slot
 from ..errors import check
+from ..policies import DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS
 from .launch import DispatchParams, SurrogateLaunch
 from .relax import schedule
 
@@ -42,8 +43,10 @@ WEIGHT_SCALE = 1000.0  # engine weight of an SM at the mean clock
 GRADIENT_CLIP = 1.0  # per gradient entry and step (the loss is a makespan ratio: O(1))
 _INITIAL = {
     "weighted": {"gamma": 1.0},
-    "closed_loop": {"alpha_logit": float(np.log(0.25 / 0.75)), "log_prior": 0.0},
-    "closed_loop_per_sm": {"alpha_logit": float(np.log(0.25 / 0.75)), "log_prior": 0.0, "gamma": 1.0},
+    # the fits start from the engine's default closed loop (alpha as a logit)
+    "closed_loop": {"alpha_logit": float(np.log(DEFAULT_EMA_ALPHA / (1 - DEFAULT_EMA_ALPHA))), "log_prior": 0.0},
+    "closed_loop_per_sm": {"alpha_logit": float(np.log(DEFAULT_EMA_ALPHA / (1 - DEFAULT_EMA_ALPHA))), "log_prior": 0.0,
+                           "gamma": 1.0},
 }
 
 
@@ -85,8 +88,8 @@ def params_for(family: str, theta: dict[str, Array], launch: SurrogateLaunch) ->
     log_speed = _log_speed(launch)
     ones = jnp.ones_like(launch.sm_freq_mhz)
     if family == "weighted":
-        return DispatchParams(weight=jnp.exp(theta["gamma"] * log_speed), ema_alpha=jnp.float32(0.25),
-                              ema_prior_ns=0.0 * ones)
+        return DispatchParams(weight=jnp.exp(theta["gamma"] * log_speed), ema_alpha=jnp.float32(DEFAULT_EMA_ALPHA),
+                              ema_prior_ns=DEFAULT_EMA_PRIOR_NS * ones)
     d = mean_occupancy_ns(launch)
     tilt = theta["gamma"] * log_speed if family == "closed_loop_per_sm" else 0.0
     return DispatchParams(weight=ones, ema_alpha=jax.nn.sigmoid(theta["alpha_logit"]),

@@ -43,6 +43,7 @@ from ..errors import INT32_MAX, check
 from ..issue_bound import IssueDemand, issue_demand, issue_ns
 from ..kernel import Kernel, kernel_from_dict
 from ..lower import DISPATCH_POLICIES, WARP_POLICIES
+from ..policies import DEFAULT_EMA_ALPHA, DEFAULT_WARP_POLICY
 from ..sweep import MAX_SEED, clock_map
 from . import dispatch_fit as df
 from .launch import (
@@ -114,7 +115,7 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Disp
         check(key in _TOP, f"{source}: {key}", doc[key], f"unknown key; expected one of {_TOP}")
     arch_spec = str(doc.get("arch", "h200"))
     arch = archio.load(base_dir / arch_spec) if arch_spec.endswith(".toml") else presets.get(arch_spec)
-    warp = doc.get("warp_policy", "gto")
+    warp = doc.get("warp_policy", DEFAULT_WARP_POLICY)
     check(warp in WARP_POLICIES, f"{source}: warp_policy", warp, f"one of {WARP_POLICIES}")
     families = tuple(doc.get("families", list(ENGINE_FAMILIES)))
     check(len(families) >= 1, f"{source}: families", families, "at least one family")
@@ -273,7 +274,7 @@ def evaluate(spec: DispatchSpec, prep: Prepared, fits: dict[str, df.FitResult], 
             [spec.arch] * n, [kernel] * n, [c for c, _ in configs], [wp] * n,
             [DISPATCH_POLICIES.index(kw["dispatch"]) for _, kw in configs], [0] * n,
             dispatch_weight=[kw.get("dispatch_weight") for _, kw in configs],
-            ema_alpha=np.asarray([kw.get("ema_alpha", 0.25) for _, kw in configs]),
+            ema_alpha=np.asarray([kw.get("ema_alpha", DEFAULT_EMA_ALPHA) for _, kw in configs]),
             ema_prior_ns=np.asarray([kw.get("ema_prior_ns", 0.0) for _, kw in configs]))
         for (mi, pi), value in zip(kwargs, np.asarray(result.makespan_ns)):
             if pi < 0:

@@ -27,6 +27,7 @@ from ..engine.run import Result, simulate_batch
 from ..errors import check
 from ..kernel import Kernel
 from ..lower import DISPATCH_POLICIES, WARP_POLICIES, lower, policy_index
+from ..policies import DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_WARP_POLICY
 from ..occupancy import occupancy
 
 WORK_CLOCKS = (1.0, 0.7)  # the two uniform clocks of `measure_work`, as fractions of boost
@@ -53,7 +54,8 @@ class DispatchParams(eqx.Module):
     ema_prior_ns: Float[Array, "*b sm"]
 
 
-def uniform_runs(arch: Arch, kernel: Kernel, warp_policy: str = "gto", dispatch_start: int = 0) -> tuple[Result, Result]:
+def uniform_runs(arch: Arch, kernel: Kernel, warp_policy: str = DEFAULT_WARP_POLICY,
+                dispatch_start: int = DEFAULT_DISPATCH_START) -> tuple[Result, Result]:
     """Two exact runs of `kernel` on a uniform chip, at boost and 0.7 x boost (the range of the
     clock maps studied), in one batched call: what the work models split into clock-scaled
     cycles and fixed nanoseconds."""
@@ -115,7 +117,8 @@ def work_from_runs(run_a: Result, run_b: Result, launch_ns: float) -> Work:
                 slots_per_sm=clipped.slots_per_sm)
 
 
-def measure_work(arch: Arch, kernel: Kernel, warp_policy: str = "gto", dispatch_start: int = 0) -> Work:
+def measure_work(arch: Arch, kernel: Kernel, warp_policy: str = DEFAULT_WARP_POLICY,
+                dispatch_start: int = DEFAULT_DISPATCH_START) -> Work:
     """Per-CTA slot work of `kernel` for the surrogate (`work_from_runs` of `uniform_runs`)."""
     return work_from_runs(*uniform_runs(arch, kernel, warp_policy, dispatch_start), float(arch.cta_launch_ns))
 
@@ -132,7 +135,7 @@ def stack_launches(launches: Sequence[SurrogateLaunch]) -> SurrogateLaunch:
 
 
 def make_launch(arch: Arch, kernel: Kernel, sm_freq_mhz: ArrayLike, work: Work,
-                dispatch_start: int = 0) -> SurrogateLaunch:
+                dispatch_start: int = DEFAULT_DISPATCH_START) -> SurrogateLaunch:
     """The surrogate's view of one launch (clocks as a float array, one per SM slot or one per
     enabled SM: `clocks.lengths_hint`)."""
     f = clocks_mod.per_slot(arch, np.asarray(sm_freq_mhz, np.float32), "sm_freq_mhz")
@@ -154,7 +157,8 @@ def make_launch(arch: Arch, kernel: Kernel, sm_freq_mhz: ArrayLike, work: Work,
 
 
 def dispatch_params(arch: Arch, sm_freq_mhz: ArrayLike, dispatch_weight: ArrayLike | None = None,
-                    ema_alpha: float = 0.25, ema_prior_ns: ArrayLike = 0.0) -> DispatchParams:
+                    ema_alpha: float = DEFAULT_EMA_ALPHA,
+                    ema_prior_ns: ArrayLike = DEFAULT_EMA_PRIOR_NS) -> DispatchParams:
     """The engine's dispatch inputs as surrogate parameters (weights default to the clocks; per-SM
     arrays per SM slot or per enabled SM)."""
     f = clocks_mod.per_slot(arch, np.asarray(sm_freq_mhz, np.float32), "sm_freq_mhz")

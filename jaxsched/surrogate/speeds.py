@@ -49,6 +49,7 @@ from .. import trace as trace_mod
 from ..arch import Arch
 from ..errors import check
 from ..kernel import Kernel
+from ..policies import DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_WARP_POLICY
 
 STEPS = 300
 LEARNING_RATE = 0.05  # per step, in units of the residuals' robust scale
@@ -249,7 +250,7 @@ def calibrate_from_traces(references: Sequence[xr.Dataset], steps: int = STEPS) 
 
 
 def reference_traces(arch: Arch, kernel: Kernel, program: str, mhz: Sequence[float] = (),
-                     warp_policy: str = "gto") -> list[xr.Dataset]:
+                     warp_policy: str = DEFAULT_WARP_POLICY) -> list[xr.Dataset]:
     """Simulator traces of `kernel` on uniform chips (default: boost and 3/4 of boost; hardware
     dispatch), in one batched engine call: the calibration a jaxsched trace needs."""
     from ..engine.run import simulate_batch
@@ -267,7 +268,8 @@ def reference_traces(arch: Arch, kernel: Kernel, program: str, mhz: Sequence[flo
 # ----------------------------------------------------------------------------- EMA comparison
 
 
-def ema_duration_ns(ds: xr.Dataset, alpha: float = 0.25, prior_ns: float = 0.0) -> np.ndarray:
+def ema_duration_ns(ds: xr.Dataset, alpha: float = DEFAULT_EMA_ALPHA,
+                    prior_ns: float = DEFAULT_EMA_PRIOR_NS) -> np.ndarray:
     """The closed-loop dispatcher's estimate per SM at the end of the trace (docs/model.md
     section 9, in real numbers): `est += alpha (end - start - est)` per completed CTA, in
     order of completion. NaN on SMs that ran nothing."""
@@ -283,7 +285,7 @@ def ema_duration_ns(ds: xr.Dataset, alpha: float = 0.25, prior_ns: float = 0.0) 
     return est
 
 
-def ema_speeds_mhz(ds: xr.Dataset, references: Sequence[xr.Dataset] | None = None, alpha: float = 0.25,
+def ema_speeds_mhz(ds: xr.Dataset, references: Sequence[xr.Dataset] | None = None, alpha: float = DEFAULT_EMA_ALPHA,
                    mean_mhz: float | None = None) -> np.ndarray:
     """Clocks read off the EMA estimate, calibrated like the fit (references, or a mean clock)."""
     est = ema_duration_ns(ds, alpha)
@@ -310,7 +312,7 @@ def fit_traces(
     references: Sequence[xr.Dataset] | None = None,
     *,
     mean_mhz: float | None = None,
-    ema_alpha: float = 0.25,
+    ema_alpha: float = DEFAULT_EMA_ALPHA,
     steps: int = STEPS,
     names: Sequence[str] | None = None,
 ) -> xr.Dataset:
