@@ -10,6 +10,10 @@ of that slot bound and the issue-slot bound (`issue_bound.issue_ns`: the kernel'
 and the launch credit its refills need, over the schedulers' issue cycles; docs/bounds.md
 section 7), whose demand is counted from the first uniform run.
 
+A last table gives each policy's share of hardware dispatch's loss that it wins back
+(`bounds.recovered`, median over the chips), against the clairvoyant schedule and against the
+uniform chip at each chip's mean clock (`bounds.uniform_chip`, from the same two runs).
+
     python experiments/die_scaling_report.py OUT|reduced.nc [--png docs/img/die_scaling.png]
         [--spec sweeps/die_scaling_ms.toml]
 """
@@ -35,10 +39,14 @@ from jaxsched import bounds, issue_bound, sweep
 SPEC = Path(__file__).resolve().parent.parent / "sweeps" / "die_scaling.toml"  # default --spec
 
 
-def oracle_bounds(ds, arch: js.Arch, kernel: js.Kernel, variant: str) -> bounds.Bounds:
+def uniform_runs(arch: js.Arch, kernel: js.Kernel) -> list[js.Result]:
+    """The kernel on a uniform chip at 1980 and 1188 MHz (hardware dispatch)."""
+    return [js.simulate(arch, kernel, js.clocks.uniform(arch, ghz)) for ghz in (1.98, 1.188)]
+
+
+def oracle_bounds(ds, arch: js.Arch, kernel: js.Kernel, runs: list[js.Result], variant: str) -> bounds.Bounds:
     """Fluid lower bound and clairvoyant schedules (ns) of every configuration of `variant`
-    [dispatch, sigma, replicate]."""
-    runs = [js.simulate(arch, kernel, js.clocks.uniform(arch, ghz)) for ghz in (1.98, 1.188)]
+    [dispatch, sigma, replicate], from the kernel's two `uniform_runs`."""
     work = bounds.work_from_uniform(*runs)
     demand = issue_bound.issue_demand(runs[0], arch, kernel)
     mhz = np.asarray(ds.sm_freq_mhz.sel(kernel_variant=variant), dtype=np.float32)
@@ -65,6 +73,31 @@ def paired_table(ds, sigmas: list[float]) -> str:
     return "\n".join(rows)
 
 
+def recovered_table(ds, sigmas: list[float], references: dict[str, dict[str, np.ndarray]]) -> str:
+    """Per kernel, policy and spread: the median share of hardware dispatch's loss a policy wins
+    back against each reference (`references[variant][name]`: ns per [dispatch, sigma,
+    replicate]); no share at a spread where hardware dispatch loses nothing."""
+    names = list(next(iter(references.values())))
+    rows = ["| kernel | policy | " + " | ".join(f"σ = {s:g}" for s in sigmas if s > 0) + " |",
+            "|---|---|" + "---|" * sum(s > 0 for s in sigmas)]
+    for variant in ds.kernel_variant.values:
+        make = ds.makespan_ns.sel(kernel_variant=variant)
+        hw = np.asarray(make.sel(policy_dispatch="hardware"))
+        for policy in ds.policy_dispatch.values:
+            if policy == "hardware":
+                continue
+            mine = np.asarray(make.sel(policy_dispatch=policy))
+            index = list(ds.policy_dispatch.values).index(policy)
+            cells = []
+            for j, sigma in enumerate(sigmas):
+                if sigma > 0:
+                    shares = [np.nanmedian(bounds.recovered(hw[j], mine[j], references[variant][n][index, j]))
+                              for n in names]
+                    cells.append(" / ".join(f"{100 * x:.0f} %" for x in shares))
+            rows.append(f"| {variant} | {policy} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("out")
@@ -78,12 +111,17 @@ def main() -> None:
     policies = list(ds.policy_dispatch.values)
     sigmas = [float(s) for s in ds.clocks_sigma.values]
     fig, axes = plt.subplots(1, len(variants), figsize=(5 * len(variants), 4), squeeze=False)
+    references: dict[str, dict[str, np.ndarray]] = {}
     print("Median makespan (median gap to the fluid bound; to the clairvoyant schedule)")
     print("| kernel | policy | " + " | ".join(f"σ = {s:g}" for s in sigmas) + " |")
     print("|---|---|" + "---|" * len(sigmas))
     for ax, variant in zip(axes[0], variants):
         kernel = spec.base[sweep.sweep_paths.VARIANTS][variant]
-        oracle = oracle_bounds(ds, arch, kernel, variant)
+        runs = uniform_runs(arch, kernel)
+        oracle = oracle_bounds(ds, arch, kernel, runs, variant)
+        mean_mhz = np.asarray(ds.sm_freq_mhz.sel(kernel_variant=variant), np.float64).mean(axis=-1)
+        references[variant] = {"clairvoyant": oracle.clairvoyant_ns,
+                               "uniform chip": np.asarray(bounds.uniform_chip(*runs).makespan_ns(mean_mhz))}
         fluid = oracle.fluid_ns
         make = np.asarray(ds.makespan_ns.sel(kernel_variant=variant))  # [dispatch, sigma, replicate]
         gap = make / fluid - 1.0
@@ -102,6 +140,10 @@ def main() -> None:
         ax.set_ylabel("makespan (µs), median and IQR")
     print()
     print(paired_table(ds, sigmas))
+    print()
+    print("Share of hardware dispatch's loss won back (median over chips): against the clairvoyant "
+          "schedule / the uniform chip at the chip's mean clock")
+    print(recovered_table(ds, sigmas, references))
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     if args.png:

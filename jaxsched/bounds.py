@@ -21,6 +21,13 @@ from the simulator itself; docs/bounds.md defines them in full and states their 
   order (or longest first) each go to the slot where they would finish first (list scheduling).
   An upper bound on the model's optimum, never below the fluid bound.
 
+**The uniform chip at the same mean clock** (`UniformChip`, `uniform_chip`): what dispatch can
+reach when the spread of the clocks, not their mean, is what it fights. Two runs of the kernel on
+uniform chips at clocks `f_a != f_b` give its makespan as `cycles * 1000 / f + ns` (the same
+split as the work model, for the whole launch); `makespan_ns(f)` evaluates it at a chip's mean
+clock. `recovered` is a policy's share of hardware dispatch's loss against such a reference:
+`(T_hardware - T_policy) / (T_hardware - T_reference)`.
+
 **CTA launch latency** (`launch_ns`, docs/model.md section 9: a freed slot takes its next CTA
 `cta_launch_ns` later). A slot that runs `k` CTAs needs `sum a + (k - 1) L <= T`, that is
 `sum (a + L) <= T + L`: both bounds are computed on the work `a + L` and lowered by `L` (for the
@@ -154,6 +161,40 @@ def work_from_uniform(result_a: Result, result_b: Result | None = None, *, attri
     as_f32 = lambda x: jnp.asarray(np.where(valid, x, 0.0).reshape(shape), jnp.float32)  # noqa: E731
     return Work(cycles=as_f32(cycles), ns=as_f32(ns), valid=jnp.asarray(valid.reshape(shape)),
                 slots_per_sm=slots)
+
+
+class UniformChip(eqx.Module):
+    """A launch's makespan on a uniform chip at clock `f` MHz: `cycles * 1000 / f + ns`."""
+
+    cycles: Float[Array, "*batch"]
+    ns: Float[Array, "*batch"]
+
+    def makespan_ns(self, mean_mhz: Float[Array, "*chips"] | ArrayLike) -> Float[Array, "*chips"]:
+        """The makespan at each of `mean_mhz` (ns)."""
+        return self.cycles * 1000.0 / jnp.asarray(mean_mhz, jnp.float32) + self.ns
+
+
+def uniform_chip(result_a: Result, result_b: Result) -> UniformChip:
+    """The uniform chip's makespan against its clock, from two runs of one launch on uniform
+    chips at different clocks (exact at both; between them, exact where the schedule does not
+    change with the clock, as for compute-bound kernels)."""
+    (d_a, _, f_a, _), (d_b, _, f_b, _) = (_durations_ns(r, "slot") for r in (result_a, result_b))
+    t_a, t_b = (np.asarray(r.makespan_ns, np.float64) for r in (result_a, result_b))
+    f_a, f_b = f_a[..., 0].reshape(t_a.shape), f_b[..., 0].reshape(t_b.shape)
+    check(bool(np.all(f_a != f_b)), "result_b.tick_mhz", float(np.ravel(f_b)[0]),
+          "a clock different from result_a's, to separate cycles from nanoseconds")
+    cycles = np.clip((t_a - t_b) / (1000.0 / f_a - 1000.0 / f_b), 0.0, t_a * f_a / 1000.0)
+    return UniformChip(cycles=jnp.asarray(cycles, jnp.float32),
+                       ns=jnp.asarray(t_a - cycles * 1000.0 / f_a, jnp.float32))
+
+
+def recovered(hardware_ns: ArrayLike, policy_ns: ArrayLike, reference_ns: ArrayLike) -> np.ndarray:
+    """The share of hardware dispatch's loss against `reference_ns` that a policy wins back:
+    `(T_hardware - T_policy) / (T_hardware - T_reference)` (1: all of it, 0: none, negative:
+    worse than hardware dispatch); NaN where hardware dispatch is not above the reference."""
+    hw, policy, ref = (np.asarray(x, np.float64) for x in (hardware_ns, policy_ns, reference_ns))
+    loss = hw - ref
+    return np.where(loss > 0, (hw - policy) / np.where(loss > 0, loss, 1.0), np.nan)
 
 
 # ----------------------------------------------------------------------------- the bounds

@@ -250,3 +250,27 @@ def test_launch_latency_delays_each_slot_refill():
     assert clair == lpt == pytest.approx(9400.5, rel=1e-6)
     assert fluid == pytest.approx(40 / (4 / 1200 + 2 / 2200) - 200 + 0.5, rel=1e-5)
     assert _floats(bounds.bounds(_work([2000.0] * 40, slots=2), f))[1] == pytest.approx(8000.5, rel=1e-6)
+
+
+# ----------------------------------------------------------------------------- reachable references
+
+
+def test_uniform_chip_predicts_a_compute_bound_launch_at_other_clocks():
+    """Two uniform runs (1.98, 1.188 GHz) give the launch's makespan at 1.5 and 1.8 GHz as the
+    engine runs it, where every CTA's time scales with the clock."""
+    arch = small_arch(4)
+    kernel = js.make_kernel("loop 20 cta_spread=3\n fma dep\n fma dep\n sfu dep\nend", grid=40, threads=128, regs=32)
+    run = lambda ghz: js.simulate(arch, kernel, js.clocks.uniform(arch, ghz))  # noqa: E731
+    chip = bounds.uniform_chip(run(1.98), run(1.188))
+    for ghz in (1.5, 1.8):
+        assert float(chip.makespan_ns(1000 * ghz)) == pytest.approx(float(run(ghz).makespan_ns), rel=1e-5)
+    with pytest.raises(js.JaxschedError, match="result_b.tick_mhz"):
+        bounds.uniform_chip(run(1.5), run(1.5))
+
+
+def test_recovered_share_of_the_loss():
+    hw = np.array([110.0, 110.0, 110.0, 100.0])
+    policy = np.array([105.0, 112.0, 100.0, 99.0])
+    share = bounds.recovered(hw, policy, 100.0)
+    np.testing.assert_allclose(share[:3], [0.5, -0.2, 1.0])
+    assert np.isnan(share[3])  # no loss to recover
