@@ -28,6 +28,7 @@ import time
 import jax
 from throughput import workload
 
+from jaxsched.engine.devices import use_host_cores
 from jaxsched.engine.run import _prepare, stack
 from jaxsched.engine.step import loop, start
 from jaxsched.lower import lower, shapes_for
@@ -123,6 +124,7 @@ def attribute(hlo: str, times_us: collections.Counter, counts: collections.Count
 
 
 def main() -> None:
+    use_host_cores()  # as throughput.py: one CPU device per core
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--ticks", type=int, default=600, help="simulate each configuration up to this tick")

@@ -26,18 +26,18 @@ from .sass_import import from_sass
 
 # Imported on first use (PEP 562): these need JAX, and `import jaxsched` does not start it, so
 # that the command line's `arch`, `occupancy` and `--help` answer in a fraction of a second.
+# Nothing here changes JAX's configuration: `use_host_cores()` does, when called.
 _LAZY = {
     "Arch": "arch", "make_arch": "arch", "Clocks": "clocks",
     "Result": "engine.run", "simulate": "engine.run", "simulate_batch": "engine.run", "stack": "engine.run",
     "Kernel": "kernel", "load_kernel": "kernel", "make_kernel": "kernel", "resident_grid": "kernel",
     "Workload": "workload", "load_workload": "workload", "make_workload": "workload",
+    "use_host_cores": "engine.devices",
 }
 _LAZY_MODULES = ("bounds", "clocks", "dvfs", "freqmap", "workload")
 
 
 def __getattr__(name: str) -> object:
-    if name in _LAZY or name in _LAZY_MODULES:
-        importlib.import_module(".engine", __name__)  # first: one CPU device per core (engine/devices.py)
     if name in _LAZY:
         return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
     if name in _LAZY_MODULES:
@@ -80,5 +80,6 @@ __all__ = [
     "simulate",
     "simulate_batch",
     "stack",
+    "use_host_cores",
     "workload",
 ]

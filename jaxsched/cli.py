@@ -687,8 +687,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         folder = compile_cache.default_folder()
-        if args.command in _COMPILING and not args.no_compile_cache and folder is not None:
-            compile_cache.enable(folder)
+        if args.command in _COMPILING:
+            from .engine.devices import use_host_cores
+
+            use_host_cores()  # one CPU device per core, before JAX starts
+            if not args.no_compile_cache and folder is not None:
+                compile_cache.enable(folder)
         return _COMMANDS[args.command](args)
     except JaxschedError as exc:
         print(f"jaxsched {args.command}: error: {exc}", file=sys.stderr)

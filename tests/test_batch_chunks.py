@@ -41,9 +41,9 @@ def test_no_devices_is_refused():
         _batch(devices=[])
 
 
-def _in_fresh_process(env: dict, code: str = "import jaxsched.engine, jax; print(len(jax.devices()))") -> str:
+def _in_fresh_process(env: dict, code: str = "import jaxsched as js, jax; js.use_host_cores(); print(len(jax.devices()))") -> str:
     """What `code` prints in a fresh process with `env` added (by default the CPU devices after
-    importing the engine), or its error."""
+    `use_host_cores`), or its error."""
     full = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAXSCHED_CPU_DEVICES")}
     full.update(JAX_PLATFORMS="cpu", **env)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full, timeout=120)
@@ -51,9 +51,10 @@ def _in_fresh_process(env: dict, code: str = "import jaxsched.engine, jax; print
 
 
 def test_host_cores_become_cpu_devices():
-    """The engine's import exposes one CPU device per core; `import jaxsched` alone neither
-    imports JAX nor configures it."""
+    """`use_host_cores` exposes one CPU device per core; `import jaxsched` neither imports JAX nor
+    configures it, and importing the engine leaves JAX's device count as it is."""
     assert _in_fresh_process({}, "import jaxsched, sys; print('jax' in sys.modules)") == "False"
+    assert _in_fresh_process({"JAXSCHED_CPU_DEVICES": "3"}, "import jaxsched.engine.run, jax; print(len(jax.devices()))") == "1"
     assert _in_fresh_process({}) == str(len(os.sched_getaffinity(0)))
     assert _in_fresh_process({"JAXSCHED_CPU_DEVICES": "3"}) == "3"
     assert _in_fresh_process({"XLA_FLAGS": "--xla_force_host_platform_device_count=5"}) == "5"  # the user's choice
@@ -83,6 +84,7 @@ def test_policy_indices_out_of_range_are_refused(field, policies):
 
 def test_default_devices_respect_a_chosen_default_device():
     code = ("import jaxsched, jax; from jaxsched.engine.devices import default_devices as d\n"
+            "jaxsched.use_host_cores()\n"
             "with jax.default_device(jax.devices()[1]):\n    inner = d()\n"
             "print(d() == jax.devices(), inner == [jax.devices()[1]])")
     assert _in_fresh_process({"JAXSCHED_CPU_DEVICES": "2"}, code) == "True True"

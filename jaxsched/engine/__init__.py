@@ -1,6 +1,3 @@
-"""The JAX engine (`run.simulate`, `run.simulate_batch`). Importing it first makes XLA's CPU
-client expose one device per core (`devices.use_host_cores`), before JAX's backends start."""
-
-from .devices import use_host_cores
-
-use_host_cores()
+"""The JAX engine (`run.simulate`, `run.simulate_batch`). Importing it leaves JAX's configuration
+as it is: `devices.use_host_cores()` (`js.use_host_cores()`), which the command line calls before
+`run`, `sweep` and `fit`, exposes one CPU device per core, before JAX's backends start."""

@@ -27,7 +27,9 @@ AXIS = "config"
 def use_host_cores() -> None:
     """Expose one XLA CPU device per usable core (or `$JAXSCHED_CPU_DEVICES`), unless JAX's
     backends already started or the user chose a count (`jax_num_cpu_devices`,
-    `--xla_force_host_platform_device_count`). JAX reads the count once, when it starts."""
+    `--xla_force_host_platform_device_count`). JAX reads the count once, when it starts, so call
+    it before anything runs on JAX; the command line does, before `run`, `sweep` and `fit`
+    (importing jaxsched changes nothing in JAX's configuration)."""
     chosen = jax.config.jax_num_cpu_devices >= 0 or "xla_force_host_platform_device_count" in os.environ.get(
         "XLA_FLAGS", "")
     if chosen:
