@@ -50,6 +50,6 @@ for job in "$@"; do
     dvfs) timed dvfs python benchmarks/throughput.py --batch 1024 --dvfs ;;
     overhead) nvcc -O2 -o /tmp/launch_overhead calibration/launch_overhead.cu \
                 && timed overhead /tmp/launch_overhead && cp "$OUT/overhead.log" "$OUT/launch_overhead.json" ;;
-    validate) timed validate python calibration/validate_hw.py --data data/h200 -o "$OUT/validate_hw.json" --batch 14 ;;
+    validate) timed validate python calibration/validate_hw.py --data data/h200 -o "$OUT/validate_hw_sass.json" --batch 14 ;;
   esac
 done

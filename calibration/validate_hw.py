@@ -9,11 +9,11 @@ to agree best with the SMs the launch gave its first CTAs, and GTO warp scheduli
 - per-SM CTA counts (fraction of SMs with the same count, largest difference);
 - completion stagger of each SM's first-wave CTAs (first end over last end, medians).
 
-    python calibration/validate_hw.py --data data/h200 -o data/h200/validate_hw.json [--cases NAME ...]
-    python calibration/validate_hw.py --program sass -o data/h200/validate_hw_sass.json
+    python calibration/validate_hw.py --data data/h200 -o data/h200/validate_hw_sass.json [--cases NAME ...]
+    python calibration/validate_hw.py --program hand -o data/h200/validate_hw.json
 
-`--program sass` simulates the programs imported from the probe kernels' own SASS
-(`jaxsched.probe.imported`) instead of the hand-written ones.
+It simulates the programs imported from the probe kernels' own SASS (`jaxsched.probe.imported`);
+`--program hand` the hand-written ones of `jaxsched/probe/suite.py` instead.
 
 `--batch N` runs N launches per `js.simulate_batch` call (programs padded to one length, one
 compilation). That pays on a GPU; on a CPU the vmapped batch steps every configuration until
@@ -143,9 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", nargs="+", default=None, help="only these cases (default: all)")
     parser.add_argument("--launches", choices=("median", "all"), default="median")
     parser.add_argument("--batch", type=int, default=1, help="launches per simulate_batch call (1: simulate)")
-    parser.add_argument("--program", choices=("hand", "sass"), default="hand",
-                        help="the probe suite's hand-written programs, or programs imported from the kernels' "
-                             "SASS (DATA/sass_work.txt; jaxsched.probe.imported)")
+    parser.add_argument("--program", choices=("sass", "hand"), default="sass",
+                        help="programs imported from the kernels' SASS (--sass; "
+                             "jaxsched.probe.imported), or the probe suite's hand-written ones")
+    parser.add_argument("--sass", default=str(ROOT / "data" / "h200" / "sass_work.txt"),
+                        help="cuobjdump -sass of the probe's work kernels (default: the committed H200 listing, "
+                             "nvcc 13.0 -arch=sm_90)")
     parser.add_argument("--set", nargs="+", default=[], metavar="FIELD=NUMBER",
                         help="change scalar Arch fields of the preset, e.g. cta_launch_idle_cycles=96")
     args = parser.parse_args(argv)
@@ -160,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.cases or []) - set(summary["cases"])
     if unknown:
         parser.error(f"unknown case(s) {sorted(unknown)}; known: {', '.join(summary['cases'])}")
-    sass = (Path(args.data) / "sass_work.txt").read_text() if args.program == "sass" else ""
+    sass = Path(args.sass).read_text() if args.program == "sass" else ""
     jobs = []
     for name, case in summary["cases"].items():
         if args.cases and name not in args.cases:

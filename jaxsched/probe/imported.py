@@ -10,6 +10,8 @@ stamp. What SASS cannot know comes from the case, as arrays per warp (`[grid, wa
   hardware run read from its `trips[]` array). An unrolled loop runs `trips // u` times and the
   remainder loop `trips % u` (`u`: FFMAs per SASS loop trip over FFMAs per source trip);
 - `stamp`: the lanes of thread 0's stamps (lane 0 of the CTA's warp 0);
+- the sink store after the last branch (`@P1 EXIT`: every thread exits, the store never runs)
+  falls through for no lane (`0.0`);
 - `work`: whether the warp has any trip (`trips > 0`), for a test around both loops;
 
 and every global memory instruction outside the loops touches one 32-byte sector (`sectors`).
@@ -78,7 +80,7 @@ def program(case: ProbeCase, listing: str) -> tuple[str, dict[str, np.ndarray]]:
     if unroll > 1:
         arrays["rest"] = trips % unroll
         trip_of[loops[1]] = "rest"
-    outcome = {branches[0]: "stamp", branches[-1]: "stamp"}
+    outcome = {branches[0]: "stamp", branches[-1]: 0.0}
     if len(branches) == 3:
         arrays["work"] = trips > 0
         outcome[branches[1]] = "work"
