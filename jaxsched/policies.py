@@ -1,10 +1,34 @@
 """The warp-scheduling and CTA-dispatch policies by name, in the order the engines number them
 (docs/model.md sections 7 and 9), and the defaults of the policy parameters. Apart from `lower`,
 so that the command line lists them without importing JAX. Every front end (`js.simulate`, the
-reference, sweep specs, the command line, the fits) takes its defaults from here."""
+reference, sweep specs, the command line, the fits) takes its defaults from here.
+
+The dispatch policies are the modules of `jaxsched/reference_dispatch/` (pure Python), numbered
+by their `NUMBER`; each has its engine twin in `jaxsched/engine/dispatch_policies/`.
+"""
+
+import importlib
+import pkgutil
+from types import ModuleType
+
+from . import reference_dispatch
 
 WARP_POLICIES = ("lrr", "gto", "oldest")
-DISPATCH_POLICIES = ("hardware", "round_robin", "least_loaded", "weighted", "closed_loop")
+
+
+def _dispatch_modules() -> dict[str, ModuleType]:
+    """The reference's dispatch-policy modules by name, in `NUMBER` order (0, 1, ... without gaps)."""
+    found = [importlib.import_module(f"{reference_dispatch.__name__}.{m.name}")
+             for m in pkgutil.iter_modules(reference_dispatch.__path__)]
+    by_number = sorted(found, key=lambda mod: mod.NUMBER)
+    numbers = [mod.NUMBER for mod in by_number]
+    if numbers != list(range(len(by_number))):
+        raise ImportError(f"jaxsched/reference_dispatch: policy NUMBERs {numbers}, expected 0..{len(numbers) - 1}")
+    return {mod.__name__.rsplit(".", 1)[1]: mod for mod in by_number}
+
+
+DISPATCH_MODULES = _dispatch_modules()
+DISPATCH_POLICIES = tuple(DISPATCH_MODULES)
 
 DEFAULT_WARP_POLICY = "gto"
 DEFAULT_DISPATCH = "hardware"

@@ -24,7 +24,7 @@ Order of events (the contract's sections in parentheses):
   order; then every launch whose dependencies have now all completed gets its ready tick (13);
   then the grid barrier (8, step 1b: a completed `gsync` schedules its release
   `grid_sync_ticks` later; a release due now frees every waiting warp); then CTA dispatch (9:
-  hardware, round_robin, least_loaded, weighted, closed_loop, all counting only *usable* free
+  a policy of `reference_dispatch/` (hardware, ...), every one counting only *usable* free
   CTA slots, those freed at least `cta_launch_ticks` ago that have never held a CTA or are on an
   SM that holds a full launch credit, which each refill of a used slot spends (a slot's first
   CTA spends none, so the first wave is placed in tick 0); in a persistent kernel each new warp
@@ -55,7 +55,8 @@ from .errors import check
 from .isa import Op
 from .kernel import FIXED, MAX_DEP_SLOTS, MEMORY, MIO
 from .occupancy import REG_SHARE_ONE
-from .policies import DEFAULT_DISPATCH, DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_WARP_POLICY
+from .policies import (DEFAULT_DISPATCH, DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_WARP_POLICY,
+                       DISPATCH_MODULES, DISPATCH_POLICIES)
 
 MASK32 = 0xFFFFFFFF
 GOLDEN32 = 0x9E3779B9
@@ -80,9 +81,6 @@ PIPE_OPS = (Op.FMA, Op.ALU, Op.SFU)  # ops with a per-scheduler math pipe; pipe 
 MIO_OPS = (Op.LDS, Op.SHFL, Op.LDG)
 
 WARP_LRR, WARP_GTO, WARP_OLDEST = 0, 1, 2
-(DISPATCH_HARDWARE, DISPATCH_ROUND_ROBIN, DISPATCH_LEAST_LOADED, DISPATCH_WEIGHTED,
- DISPATCH_CLOSED_LOOP) = range(5)
-WEIGHT_ONE = 65536  # the weighted policy's score is weight * 65536 // (resident + 1)
 EMA_ONE = 256  # closed-loop smoothing a = ema_alpha_256 is in 1/256
 
 
@@ -672,9 +670,10 @@ class _Sim:
         self.W = max(int(launch.warps_per_cta) for launch in launches)  # columns of `warp_issued`
         self.mio_depth = int(first.mio_depth)
         self.warp_policy = int(first.warp_policy)
-        self.dispatch_policy = int(first.dispatch_policy)
-        if not 0 <= self.dispatch_policy <= DISPATCH_CLOSED_LOOP:
-            raise ValueError(f"unknown dispatch policy {self.dispatch_policy}")
+        number = int(first.dispatch_policy)
+        if not 0 <= number < len(DISPATCH_POLICIES):
+            raise ValueError(f"unknown dispatch policy {number}")
+        self.dispatch_policy = DISPATCH_MODULES[DISPATCH_POLICIES[number]]  # jaxsched/reference_dispatch/
         self.ema_alpha_256 = int(first.ema_alpha_256)
         if not 0 <= self.ema_alpha_256 <= EMA_ONE:
             raise ValueError(f"ema_alpha_256 = {self.ema_alpha_256} outside 0..{EMA_ONE}")
@@ -701,9 +700,8 @@ class _Sim:
                     for s in range(shapes.n_sm)]
         self.enabled_sms = [sm for sm in self.sms if sm.enabled]
         self.n_enabled = len(self.enabled_sms)
-        if (self.dispatch_policy == DISPATCH_WEIGHTED
-                and any(sm.weight < 1 for sm in self.enabled_sms)):
-            raise ValueError("weighted dispatch needs a weight >= 1 on every enabled SM")
+        if hasattr(self.dispatch_policy, "check"):
+            self.dispatch_policy.check(self)
         # section 13: the launches, their CTAs numbered globally g = base_l + c
         self.kernels = [KernelRun(l, launch, plan, shapes.n_sm) for l, launch in enumerate(launches)]
         self.gap_ticks = plan.gap_ticks
@@ -875,47 +873,12 @@ class _Sim:
         if not free:
             return None
         policy = self.dispatch_policy
-        if policy == DISPATCH_HARDWARE:
-            # most usable free CTA slots, ties to the lowest dispatch rank
-            return min(free, key=lambda sm: (-room[sm.index], sm.rank))
-        if policy == DISPATCH_ROUND_ROBIN:
-            # first SM with a free slot at or after the (shared) pointer, in (cyclic) rank order
-            ptr = self.chip.rr_pointer
-            sm = min(free, key=lambda sm: (sm.rank - ptr) % self.n_enabled)
-            self.chip.rr_pointer = (sm.rank + 1) % self.n_enabled
-            return sm
-        if policy == DISPATCH_LEAST_LOADED:
-            # fewest live warps now, of every launch (CTAs placed earlier in this dispatch loop
-            # count W each), ties to the lowest rank
-            return min(free, key=lambda sm: (self.live_warps(sm), sm.rank))
-        if policy == DISPATCH_WEIGHTED:
-            # highest floor(weight * 65536 / (resident + 1)), ties to the lowest rank
-            return min(free, key=lambda sm: (-(sm.weight * WEIGHT_ONE // (sm.resident + 1)),
-                                             sm.rank))
-        # closed loop, with the head launch's censored estimates: smallest estimate, then most
-        # usable free CTA slots, then the lowest rank; in the tail it holds the CTA if the
-        # launch's CTAs left fit in clearly better slots (occupied by any launch, or free and
-        # still launching; not free slots waiting for launch credit).
-        e = self.censored[kernel.index]
-        cand = min(free, key=lambda sm: (e[sm.index], -room[sm.index], sm.rank))
-        target = self.now + e[cand.index]
-        margin = e[cand.index] // 8
-        better = 0
-        for sm in self.enabled_sms:
-            es = e[sm.index]
-            for cta, t0 in zip(sm.cta_id, sm.start):
-                if cta >= 0 and max(self.now, t0 + es) + es + margin < target:
-                    better += 1
-            # free slots still in their launch latency (usable tick u > k) take a CTA soon; a
-            # free slot past it is room, or, if used on an SM without launch credit, not
-            # better: when the SM collects the credit depends on when its schedulers starve
-            for j in range(self.ctas_per_sm):
-                u = sm.usable[j]
-                if sm.cta_id[j] < 0 and u > self.now and u + es + margin < target:
-                    better += 1
-        if kernel.left <= better:
+        sm = min(free, key=lambda sm: policy.key(self, kernel, sm, room[sm.index]))
+        if hasattr(policy, "hold") and policy.hold(self, kernel, sm):
             return None
-        return cand
+        if hasattr(policy, "placed"):
+            policy.placed(self, sm)
+        return sm
 
     @staticmethod
     def live_warps(sm: SM) -> int:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import jaxsched as js
 from jaxsched import clocks, dvfs, reference
+from jaxsched.engine import dispatch_policies
 from jaxsched.engine.run import simulate_batch
 from jaxsched.errors import JaxschedError
 from jaxsched.kernel import make_kernel, resident_grid
@@ -24,7 +25,9 @@ from helpers import examples, MAX_GRID, N_INSTR, simulate_padded, small_arch
 from test_engine_vs_reference import CTA_KEYS, INT_KEYS, assert_same
 
 _BODY = ["fma dep", "fma", "alu", "alu dep", "sfu dep", "lds", "lds dep ways=2", "shfl dep"]
-_OWN_TIME = ("hardware", "least_loaded", "weighted")  # dispatch that may place CTAs at an SM's own tick
+# dispatch that may place CTAs at an SM's own tick (`STATIC` policies), and the others
+_OWN_TIME = tuple(name for name, policy in dispatch_policies.MODULES.items() if policy.STATIC)
+_CHIP_TIME = tuple(name for name in DISPATCH_POLICIES if name not in _OWN_TIME)
 
 
 @st.composite
@@ -54,7 +57,7 @@ def multi_wave_configurations(draw, trips: tuple[int, int] = (12, 40), max_grid:
     grid = min(max_grid, waves * resident_grid(arch, kernel) + draw(st.integers(-2, 2)))
     kernel = kernel.replace(grid_ctas=np.int32(max(grid, 1)))
     freqs = [draw(st.sampled_from([900, 1230, 1500, 1605, 1980])) for _ in range(arch.n_sm_slots)]
-    dispatch = draw(st.sampled_from(_OWN_TIME * 3 + ("round_robin", "closed_loop")))
+    dispatch = draw(st.sampled_from(_OWN_TIME * 3 + _CHIP_TIME))
     params = None
     if draw(st.integers(0, 5)) == 0:
         params = dvfs.default(arch, period_us=draw(st.sampled_from(dvfs_periods_us)), latency_us=0.25,

@@ -79,7 +79,7 @@ def test_a_refill_holds_its_slot_from_when_the_slot_became_usable():
     assert held[:4].tolist() == [10, 20, 38, 38]
 
 
-@pytest.mark.parametrize("policy", js.DISPATCH_POLICIES)
+@pytest.mark.parametrize("policy", sg.relax.RELAXED_POLICIES)
 def test_soft_converges_to_hard_as_temperature_vanishes(work, policy):
     mhz = _mhz(1)
     hard = float(_run(work, mhz, policy).makespan_ns)

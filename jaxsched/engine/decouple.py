@@ -19,7 +19,7 @@ own next event tick, and the chip acts only where it must:
     a tick up to `W` (`reach`). Which CTA it gets (its index in the grid) depends on the other
     SMs' placements before it, so this needs CTAs that do not differ (`uniform`: the same trip
     counts and branch lanes for every CTA) and a policy that orders the CTAs of one tick by a
-    score of each SM's own state (hardware, least loaded, weighted). CTAs are numbered in the
+    score of each SM's own state (`STATIC` in `dispatch_policies/`: hardware, least loaded, weighted). CTAs are numbered in the
     order they are placed; each keeps its placement tick and score, and at the end the trace is
     put in the grid order the model's dispatcher gives: by tick, then by score (`settle`). Warp
     ages only order the warps of one SM, and an SM takes its CTAs in grid order either way.
@@ -47,7 +47,8 @@ from jaxtyping import Array, Bool, Int
 from ..isa import Op
 from ..kernel import FIXED, MAX_DEP_SLOTS, MIO
 from ..lower import Launch, Shapes
-from .dispatch import CLOSED_LOOP, HARDWARE, LEAST_LOADED, WEIGHTED, Variation, takes_now
+from .dispatch import Variation, takes_now
+from .dispatch_policies import ESTIMATE_POLICIES, STATIC_POLICIES, is_one_of
 from .exact import floor_div
 from .launches import Launches
 from .power import next_dvfs_event
@@ -105,12 +106,12 @@ def decoupling(launch: Launch, launches: Launches, variation: Variation, shapes:
         false, zero = jnp.bool_(False), jnp.int64(0)
         return Decoupling(false, false, zero, jnp.int64(1))
     free = (~jnp.any(launch.op == Op.LDG) & ~jnp.any(launch.grid_sync) & (launch.work_items == 0)
-            & (launch.dispatch_policy != CLOSED_LOOP))  # which reads every SM when it holds CTAs back
+            & ~is_one_of(launch.dispatch_policy, ESTIMATE_POLICIES))  # the closed loop reads every SM when it holds CTAs back
     real = jnp.arange(shapes.max_ctas, dtype=jnp.int32) < launch.n_ctas
     packed = variation.packed
     uniform = jnp.all(~real[:, None, None] | (packed == packed[0][None]))
     policy = launch.dispatch_policy
-    static_score = (policy == HARDWARE) | (policy == LEAST_LOADED) | (policy == WEIGHTED)
+    static_score = is_one_of(policy, STATIC_POLICIES)
     cycles, issues = trip_bounds(launch) if shapes.loops == 1 else (jnp.int64(0), jnp.int64(0))
     # A new CTA runs at least as long as its longest warp's trips take, and as its warps' trips
     # take to issue on the schedulers at best.

@@ -1,7 +1,8 @@
 """CTA dispatch, the GigaThread engine (docs/model.md section 9).
 
-A policy is a score per SM; the next CTA goes to the highest-scoring SM with a usable free CTA
-slot, one CTA at a time, scores re-evaluated after every placement. A slot freed at tick `e` is
+A policy is a score per SM (one module per policy in `dispatch_policies/`); the next CTA goes to
+the highest-scoring SM with a usable free CTA slot, one CTA at a time, scores re-evaluated after
+every placement. A slot freed at tick `e` is
 usable from `e + cta_launch_ticks` (the launch path's latency); a slot that has held a CTA is
 refilled only on an SM that holds the launch credit (each refill spends it), so "room" counts
 usable free slots while `resident` still counts occupied ones. Policies are selected by a
@@ -28,7 +29,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..lower import Launch, Shapes
-from .exact import floor_div
+from .dispatch_policies import ESTIMATE_POLICIES, View, is_one_of, pointer_after, scores
 from .launch_credit import can_launch
 from .launches import Launches, head_launch, op_and_waits, warp_program
 from .residency import first_base, free_warp_slots, new_warps, room as resource_room
@@ -37,7 +38,6 @@ from .state import INF, State, Warps
 from .status import op_class
 from .variation import resolve_pc, warp_variation
 
-HARDWARE, ROUND_ROBIN, LEAST_LOADED, WEIGHTED, CLOSED_LOOP = range(5)
 
 
 class Variation(NamedTuple):
@@ -80,34 +80,6 @@ class Slots(NamedTuple):
     # hardware order, and the first warp slot of each slot's CTA placed in this tick
     warp_free: Bool[Array, "warp sm"]
     base: Int[Array, "cta sm"]
-
-
-def scores(
-    slots: Slots, launch: Launch, room: Int[Array, " sm"], est: Int[Array, " sm"], closed_loop: bool
-) -> Int[Array, " sm"]:
-    """Higher is preferred (int64; every policy breaks its ties by rank, so scores are distinct).
-    Only SMs with room are considered by the caller. docs/model.md section 9. Without
-    `closed_loop` (no configuration of the batch dispatches by it) its score is not computed
-    and `est` is not read."""
-    i64 = lambda x: x.astype(jnp.int64)  # noqa: E731
-    rank = i64(launch.dispatch_rank)
-    n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled, dtype=jnp.int64), 1)
-    after_pointer = rank - i64(slots.rr_pointer)  # in (-n, n) on enabled SMs: mod n is one select
-    policy = launch.dispatch_policy
-    candidates = [
-        # "Most room", ties to the lowest rank in the rotated fixed order [Gil21].
-        i64(room) * 65536 - rank,
-        # First SM at or after the pointer in rank order.
-        -jnp.where(after_pointer < 0, after_pointer + n_enabled, after_pointer),
-        # Fewest live warps.
-        -i64(slots.live_warps) * 65536 - rank,
-        # Static weights per resident CTA.
-        i64(floor_div(i64(launch.dispatch_weight) * 65536, slots.resident + 1)) * 65536 - rank,
-    ]
-    if closed_loop:  # earliest expected finish, then most room, then rank [S1]
-        candidates.append(((-est) * 64 + i64(room)) * 65536 - rank)
-    last = candidates.pop()  # the default: the closed loop's, or without it the weighted one
-    return jnp.select([policy == p for p in range(len(candidates))], candidates, last)  # index = policy
 
 
 def _censored_estimate(state: State, tick: Int[Array, ""]) -> Int[Array, "launch sm"]:
@@ -159,7 +131,7 @@ def _hold_for_better_slots(
     launching = (slots.cta_id < 0) & (launching_tick < INF)
     finish = jnp.where(occupied, occupied_finish, launching_finish)
     better = (occupied | launching) & (finish + est[sm] // 8 < target)
-    return (launch.dispatch_policy == CLOSED_LOOP) & (left.astype(jnp.int64) <= jnp.sum(better, dtype=jnp.int64))
+    return is_one_of(launch.dispatch_policy, ESTIMATE_POLICIES) & (left.astype(jnp.int64) <= jnp.sum(better, dtype=jnp.int64))
 
 
 def _cta_slots(launch: Launch, shapes: Shapes) -> Bool[Array, "cta sm"]:
@@ -232,6 +204,7 @@ def _place_one(
     est_all: Int[Array, "launch sm"],
     tick: Int[Array, ""],
     start_tick: Int[Array, " sm"],
+    freq_mhz: Int[Array, " sm"],
     closed_loop: bool,
 ) -> Slots:
     """Place the head launch's next CTA (docs/model.md sections 9 and 13); without
@@ -241,14 +214,17 @@ def _place_one(
     local = slots.next_cta[head]
     takes = _takes_now(slots, usable, fresh, launch)
     room = _room(slots, takes, head, launch, launches, shapes)
-    score = jnp.where(room > 0, scores(slots, launch, room, est, closed_loop), jnp.iinfo(jnp.int64).min)
+    view = View(room=room, rank=launch.dispatch_rank.astype(jnp.int64),
+                n_enabled=jnp.maximum(jnp.sum(launch.sm_enabled, dtype=jnp.int64), 1), pointer=slots.rr_pointer,
+                live_warps=slots.live_warps, resident=slots.resident, weight=launch.dispatch_weight, est=est,
+                freq_mhz=freq_mhz)
+    score = jnp.where(room > 0, scores(view, launch.dispatch_policy, closed_loop), jnp.iinfo(jnp.int64).min)
     sm = jnp.argmax(score).astype(jnp.int32)
     hold = jnp.bool_(False)
     if closed_loop:
         launching_tick = _launching_tick(slots, launch, shapes, usable_tick, tick)
         hold = _hold_for_better_slots(slots, launch, launching_tick, est, sm, tick, launches.n_ctas[head] - local)
     j = jnp.argmax(takes[:, sm]).astype(jnp.int32)  # lowest free slot that can take it
-    n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled, dtype=jnp.int32), 1)
     # Masks rather than `.at[j, sm]` updates: vmapped, a scalar update is a scatter, which the
     # CPU runs as a kernel of its own; a select fuses with its neighbours (benchmarks/RESULTS.md,
     # "Scatters out of the CPU's loops, the ratio measured in rounds").
@@ -269,8 +245,7 @@ def _place_one(
         start=jnp.where(at_js, start_tick[sm], slots.start),
         key=jnp.where(at_js, score[sm], slots.key),
         next_cta=slots.next_cta + (jnp.arange(slots.next_cta.shape[0]) == head),
-        rr_pointer=jnp.where(launch.dispatch_policy == ROUND_ROBIN,
-                             (launch.dispatch_rank[sm] + 1) % n_enabled, slots.rr_pointer),
+        rr_pointer=pointer_after(view, launch.dispatch_policy, sm),
         credit=slots.credit + at_s * jnp.where(fresh[j, sm], 0, -launch.launch_idle_cycles),
         hold=jnp.bool_(False),
         warp_free=warp_free,
@@ -347,6 +322,7 @@ class Plan(NamedTuple):
     usable_tick: Int[Array, "cta sm"]
     fresh: Bool[Array, "cta sm"]  # never used: a first fill needs no credit
     est: Int[Array, "launch sm"]  # the closed loop's censored estimates (unread without `closed_loop`)
+    freq_mhz: Int[Array, " sm"]  # each SM's clock now
 
 
 def plan(state: State, launch: Launch, shapes: Shapes, tick: Int[Array, ""], closed_loop: bool,
@@ -363,7 +339,8 @@ def plan(state: State, launch: Launch, shapes: Shapes, tick: Int[Array, ""], clo
     usable = _usable_slots(state, launch, shapes, start) & candidate
     # A slot placed in this tick is occupied, so `fresh` needs no update during the tick.
     return slots, Plan(tick, start, state.kernel_ready, usable, state.cta_usable_tick,
-                       ~state.cta_used, _censored_estimate(state, tick) if closed_loop else state.dispatch_est)
+                       ~state.cta_used, _censored_estimate(state, tick) if closed_loop else state.dispatch_est,
+                       state.freq)
 
 
 def has_work(slots: Slots, p: Plan, launch: Launch, launches: Launches, shapes: Shapes) -> Bool[Array, ""]:
@@ -381,7 +358,7 @@ def place(slots: Slots, work: Bool[Array, ""], p: Plan, launch: Launch, launches
     configuration has work, so every configuration's placements are its own sequence, as the
     model's loop within a tick."""
     new = _place_one(slots, launch, launches, p.ready, shapes, p.usable, p.usable_tick, p.fresh, p.est, p.tick,
-                     p.start, closed_loop)
+                     p.start, p.freq_mhz, closed_loop)
     slots = jax.tree.map(lambda a, b: jnp.where(work, a, b), new, slots)
     return slots, work & has_work(slots, p, launch, launches, shapes)
 

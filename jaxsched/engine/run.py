@@ -34,6 +34,7 @@ from ..workload import Workload
 from .devices import default_devices, mesh_of, sharded
 from .decouple import decoupling
 from .dispatch import variation_tables
+from .dispatch_policies import ESTIMATE_POLICIES
 from .fast_forward import may_fast_forward
 from .launches import Launches, make_launches, single
 from .power import domains, final_outputs
@@ -346,8 +347,9 @@ def _dvfs_step(dvfs: Dvfs, requested: bool | None) -> bool:
 
 
 def uses_closed_loop(dispatch: ArrayLike) -> bool:
-    """Whether any of these dispatch policies (indices) is the closed loop, so needs its learning."""
-    return bool(np.any(np.asarray(dispatch) == DISPATCH_POLICIES.index("closed_loop")))
+    """Whether any of these dispatch policies (indices) reads the closed loop's estimates, so needs
+    its learning (`dispatch_policies.ESTIMATE_POLICIES`)."""
+    return bool(np.any(np.isin(np.asarray(dispatch), ESTIMATE_POLICIES)))
 
 
 def _compiled_in(needed: bool, requested: bool | None, field: str, why: str) -> bool:
@@ -429,7 +431,7 @@ def simulate(
     events, CUDA graphs; docs/model.md section 13), on one chip.
 
     Warp policies `WARP_POLICIES` (lrr, gto, oldest); dispatch policies `DISPATCH_POLICIES`
-    (hardware, round_robin, least_loaded, weighted, closed_loop; docs/model.md section 9).
+    (the modules of `engine/dispatch_policies/`: hardware, ...; docs/model.md section 9).
     `dispatch_start` rotates the hardware SM order; `dispatch_weight` (per SM slot, default the
     SM clocks in MHz) drives `weighted`; `ema_alpha` and `ema_prior_ns` drive `closed_loop`.
     `dvfs` (`jaxsched.dvfs.default(arch)`, `locked(...)`; default static clocks) turns on the

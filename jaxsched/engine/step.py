@@ -22,8 +22,9 @@ from ..lower import Launch, Shapes
 from . import columns
 from .cycle import run_tick
 from .decouple import Decision, Decoupling, align, decide, dvfs_due, limit, settle, wanting
-from .dispatch import (CLOSED_LOOP, Slots, Variation, commit, has_work, learn_cta_durations, place, placed, plan,
+from .dispatch import (Slots, Variation, commit, has_work, learn_cta_durations, place, placed, plan,
                        start_warps)
+from .dispatch_policies import ESTIMATE_POLICIES, is_one_of
 from .events import skip_to_next_event
 from .fast_forward import fast_forward
 from .grid_barrier import grid_barrier
@@ -116,7 +117,7 @@ def _dispatch(runs: Run, states: State, was_occupied: Bool[Array, "batch cta sm"
         return s.dispatch_est, _place(runs, s, shapes, False, at)
 
     if shapes.closed_loop:
-        est, slots = jax.lax.cond(jnp.any(runs.launch.dispatch_policy == CLOSED_LOOP), closed, open_loop, states)
+        est, slots = jax.lax.cond(jnp.any(is_one_of(runs.launch.dispatch_policy, ESTIMATE_POLICIES)), closed, open_loop, states)
     else:
         est, slots = open_loop(states)
     return dataclasses.replace(states, dispatch_est=est), slots

@@ -56,10 +56,11 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from ..errors import check
-from ..lower import DISPATCH_POLICIES
 from .launch import DispatchParams, SurrogateLaunch
 
 MODES = ("soft", "hard", "straight_through")
+# The dispatch policies the surrogate relaxes (`_scores`); the engine may know more.
+RELAXED_POLICIES = ("hardware", "round_robin", "least_loaded", "weighted", "closed_loop")
 HOLD_MARGIN = 8  # the engine's 1/8 margin: a held CTA must finish e/8 earlier elsewhere
 DUST = 1e-2  # soft choices below this fraction of the likeliest are dropped (the rest renormalised)
 _BIG_NS = 1e12
@@ -267,10 +268,10 @@ def schedule(
 ) -> Schedule:
     """Run the relaxed scheduler on one configuration (vmap over a batch axis for many).
 
-    `policy` one of `DISPATCH_POLICIES`; `mode` one of `MODES`; `max_slots` (static) at least
+    `policy` one of `RELAXED_POLICIES`; `mode` one of `MODES`; `max_slots` (static) at least
     `launch.ctas_per_sm`: the slot array's width.
     """
-    check(policy in DISPATCH_POLICIES, "policy", policy, f"one of {DISPATCH_POLICIES}")
+    check(policy in RELAXED_POLICIES, "policy", policy, f"one of the relaxed policies {RELAXED_POLICIES}")
     check(mode in MODES, "mode", mode, f"one of {MODES}")
     f = launch.sm_freq_mhz
     dtype = f.dtype if jnp.issubdtype(f.dtype, jnp.floating) else jnp.float32

@@ -1,0 +1,32 @@
+"""Closed-loop dispatch (docs/model.md section 9): each SM's CTA duration learnt by an EMA of the
+CTAs it completed, censored by its oldest running CTA (`_Sim.censored_estimates`); the SM with
+the smallest estimate, then the most usable free slots, then the lowest rank. In the tail it
+holds the CTA if the launch's CTAs left fit in clearly better slots."""
+
+NUMBER = 4
+READS_ESTIMATES = True  # the dispatcher keeps the censored estimates for it (`_Sim.dispatch`)
+
+
+def key(sim, kernel, sm, room: int) -> tuple:
+    return (sim.censored[kernel.index][sm.index], -room, sm.rank)
+
+
+def hold(sim, kernel, cand) -> bool:
+    """The launch's CTAs left (this one included) fit in slots expected to finish them earlier
+    than `cand` would, by a margin of an eighth of its estimate: occupied slots (of any launch),
+    and free slots still in their launch latency; not free slots waiting for launch credit (when
+    the SM collects it depends on when its schedulers starve)."""
+    e = sim.censored[kernel.index]
+    target = sim.now + e[cand.index]
+    margin = e[cand.index] // 8
+    better = 0
+    for sm in sim.enabled_sms:
+        es = e[sm.index]
+        for cta, t0 in zip(sm.cta_id, sm.start):
+            if cta >= 0 and max(sim.now, t0 + es) + es + margin < target:
+                better += 1
+        for j in range(sim.ctas_per_sm):
+            u = sm.usable[j]
+            if sm.cta_id[j] < 0 and u > sim.now and u + es + margin < target:
+                better += 1
+    return kernel.left <= better
