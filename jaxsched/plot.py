@@ -45,6 +45,7 @@ from matplotlib.patches import Rectangle  # noqa: E402
 
 from . import tomldoc  # noqa: E402
 from .errors import JaxschedError, check  # noqa: E402
+from .policies import DISPATCH_POLICIES  # noqa: E402
 from .sweep_design import CONFIG_DIM, design_coords  # noqa: E402
 
 KINDS = ("makespan", "floorplan", "stalls", "gantt")
@@ -62,8 +63,8 @@ _DIM_NAMES = {
     "kernel_regs": "registers per thread", "kernel_grid": "grid (CTAs)", "kernel_trips": "loop trips",
     "kernel_smem_bytes": "dynamic shared memory (B)", "replicate": "random chip", "config": "sample",
 }
-_VALUE_NAMES = {"lrr": "LRR", "gto": "GTO", "oldest": "oldest first", "round_robin": "round robin",
-                "least_loaded": "least loaded", "closed_loop": "closed loop", "hardware": "hardware"}
+_VALUE_NAMES = {"lrr": "LRR", "gto": "GTO", "oldest": "oldest first",
+                **{name: name.replace("_", " ") for name in DISPATCH_POLICIES}}
 _UNITS = {"ns": "ns", "us": "µs", "ms": "ms", "ghz": "GHz", "mhz": "MHz", "mm": "mm", "bytes": "B", "w": "W",
           "c": "°C", "cycles": "cycles"}
 

@@ -29,6 +29,9 @@ def _dispatch_modules() -> dict[str, ModuleType]:
 
 DISPATCH_MODULES = _dispatch_modules()
 DISPATCH_POLICIES = tuple(DISPATCH_MODULES)
+# The policies that read the closed loop's per-SM CTA-duration estimates: both engines learn
+# them only where a configuration dispatches by one of these.
+ESTIMATE_DISPATCH = tuple(name for name, mod in DISPATCH_MODULES.items() if getattr(mod, "READS_ESTIMATES", False))
 
 DEFAULT_WARP_POLICY = "gto"
 DEFAULT_DISPATCH = "hardware"

@@ -143,6 +143,7 @@ from .errors import JaxschedError, check, os_error
 from .dvfs import Dvfs, validate_dvfs
 from .kernel import Kernel, kernel_from_dict, load_kernel, pad_program
 from .lower import DISPATCH_POLICIES, WARP_POLICIES, cta_slots_for, shapes_for, validate
+from .policies import ESTIMATE_DISPATCH
 from .occupancy import check_launch, occupancy
 from .sweep_design import CONFIG_DIM, Design, design_coords
 from .sweep_paths import Point
@@ -356,8 +357,9 @@ def uses_dvfs(sweep: Sweep) -> bool:
 
 
 def uses_closed_loop(sweep: Sweep) -> bool:
-    """Whether any configuration dispatches by the closed loop: then every chunk compiles its
-    learning, so that the sweep compiles once (`simulate_batch`'s `closed_loop_step`)."""
+    """Whether any configuration dispatches by a policy that reads the closed loop's estimates
+    (`policies.ESTIMATE_DISPATCH`): then every chunk compiles its learning, so that the sweep
+    compiles once (`simulate_batch`'s `closed_loop_step`)."""
     path = "policy.dispatch"
     if path in sweep.grid:
         values = list(sweep.grid[path])
@@ -365,7 +367,7 @@ def uses_closed_loop(sweep: Sweep) -> bool:
         values = list(sweep.design.values[path])
     else:
         values = [sweep.base["policy"]["dispatch"]]
-    return "closed_loop" in values
+    return any(v in ESTIMATE_DISPATCH for v in values)
 
 
 def _check_dvfs(sweep: Sweep, source: str) -> None:

@@ -68,7 +68,7 @@ def test_bad_chunk_is_refused(chunk):
 
 
 @pytest.mark.parametrize("field, policies", [("warp_policy", [0, 1, 3, 1, 0]), ("warp_policy", [-1] * 5),
-                                              ("dispatch", [0, 1, 5, 0, 3])])
+                                              ("dispatch", [0, 1, len(js.DISPATCH_POLICIES), 0, 3])])
 def test_policy_indices_out_of_range_are_refused(field, policies):
     """An index past the known policies would run as some other policy: refused, with the field,
     the bad indices and the known names."""

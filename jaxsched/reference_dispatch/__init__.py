@@ -12,7 +12,9 @@ and, where the policy has them:
 
 - `hold(sim, kernel, sm) -> bool`: keep the CTA back this tick although `sm` has room;
 - `placed(sim, sm)`: what the policy remembers of a placement;
-- `check(sim)`: a run this policy cannot make, as a `ValueError`.
+- `check(sim)`: a run this policy cannot make, as a `ValueError`;
+- `READS_ESTIMATES = True`: its key reads the closed loop's censored estimates (`sim.censored`),
+  which the engine then learns (`policies.ESTIMATE_DISPATCH`).
 
 The modules are pure Python, so `jaxsched.policies` reads their names and numbers without JAX.
 """

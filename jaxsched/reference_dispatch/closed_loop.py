@@ -4,7 +4,7 @@ the smallest estimate, then the most usable free slots, then the lowest rank. In
 holds the CTA if the launch's CTAs left fit in clearly better slots."""
 
 NUMBER = 4
-READS_ESTIMATES = True  # the dispatcher keeps the censored estimates for it (`_Sim.dispatch`)
+READS_ESTIMATES = True  # it reads the censored estimates (`_Sim.dispatch`); the engine learns them for it
 
 
 def key(sim, kernel, sm, room: int) -> tuple:

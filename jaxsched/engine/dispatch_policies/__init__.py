@@ -8,9 +8,10 @@ A policy module gives:
 - `STATIC`: whether the score reads only the SM's own state, so that SMs on their own time may
   take CTAs before the others catch up (`decouple.py`);
 
-and, where the policy has them, `READS_ESTIMATES = True` (the closed loop's learning, censored
-estimates and hold are compiled in for it: `step._dispatch`) and
-`pointer_after(v, sm) -> Int[Array, ""]` (the shared pointer after `sm` took a CTA).
+and, where the policy has one, `pointer_after(v, sm) -> Int[Array, ""]` (the shared pointer after
+`sm` took a CTA). A policy whose twin says `READS_ESTIMATES` (`policies.ESTIMATE_DISPATCH`) reads
+`View.est`: the closed loop's learning, censored estimates and hold are compiled in for it
+(`step._dispatch`).
 
 Policies are selected by a traced index, so one compiled simulation serves all of them: every
 policy's score is computed and the configuration's is selected.
@@ -25,7 +26,7 @@ from typing import NamedTuple
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
-from ...policies import DISPATCH_POLICIES
+from ...policies import DISPATCH_POLICIES, ESTIMATE_DISPATCH
 
 
 class View(NamedTuple):
@@ -51,7 +52,7 @@ def _modules() -> dict:
 
 
 MODULES = _modules()
-ESTIMATE_POLICIES = tuple(i for i, m in enumerate(MODULES.values()) if getattr(m, "READS_ESTIMATES", False))
+ESTIMATE_POLICIES = tuple(DISPATCH_POLICIES.index(name) for name in ESTIMATE_DISPATCH)
 STATIC_POLICIES = tuple(i for i, m in enumerate(MODULES.values()) if m.STATIC)
 
 

@@ -2,14 +2,13 @@
 CTAs it completed, censored by its oldest running CTA (`dispatch._censored_estimate`); the SM
 with the smallest estimate, then the most usable free slots, then the lowest rank [S1]. Its
 learning and its hold in the tail (`dispatch._hold_for_better_slots`) are compiled in only where
-a configuration dispatches by it."""
+a configuration dispatches by it (its twin's `READS_ESTIMATES`)."""
 
 from jaxtyping import Array, Int
 
 from . import View
 
 STATIC = False  # it reads every SM's CTA durations when it holds CTAs back
-READS_ESTIMATES = True
 
 
 def score(v: View) -> Int[Array, " sm"]:
