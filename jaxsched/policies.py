@@ -3,31 +3,31 @@
 so that the command line lists them without importing JAX. Every front end (`js.simulate`, the
 reference, sweep specs, the command line, the fits) takes its defaults from here.
 
-The dispatch policies are the modules of `jaxsched/reference_dispatch/` (pure Python), numbered
-by their `NUMBER`; each has its engine twin in `jaxsched/engine/dispatch_policies/`.
+The policies are modules: the warp policies those of `jaxsched/reference_warp/`, the dispatch
+policies those of `jaxsched/reference_dispatch/` (pure Python), numbered by their `NUMBER`; each
+has its engine twin in `jaxsched/engine/warp_policies/` or `jaxsched/engine/dispatch_policies/`.
 """
 
 import importlib
 import pkgutil
 from types import ModuleType
 
-from . import reference_dispatch
-
-WARP_POLICIES = ("lrr", "gto", "oldest")
+from . import reference_dispatch, reference_warp
 
 
-def _dispatch_modules() -> dict[str, ModuleType]:
-    """The reference's dispatch-policy modules by name, in `NUMBER` order (0, 1, ... without gaps)."""
-    found = [importlib.import_module(f"{reference_dispatch.__name__}.{m.name}")
-             for m in pkgutil.iter_modules(reference_dispatch.__path__)]
+def _modules(package: ModuleType) -> dict[str, ModuleType]:
+    """The policy modules of `package` by name, in `NUMBER` order (0, 1, ... without gaps)."""
+    found = [importlib.import_module(f"{package.__name__}.{m.name}") for m in pkgutil.iter_modules(package.__path__)]
     by_number = sorted(found, key=lambda mod: mod.NUMBER)
     numbers = [mod.NUMBER for mod in by_number]
     if numbers != list(range(len(by_number))):
-        raise ImportError(f"jaxsched/reference_dispatch: policy NUMBERs {numbers}, expected 0..{len(numbers) - 1}")
+        raise ImportError(f"{package.__name__}: policy NUMBERs {numbers}, expected 0..{len(numbers) - 1}")
     return {mod.__name__.rsplit(".", 1)[1]: mod for mod in by_number}
 
 
-DISPATCH_MODULES = _dispatch_modules()
+WARP_MODULES = _modules(reference_warp)
+WARP_POLICIES = tuple(WARP_MODULES)
+DISPATCH_MODULES = _modules(reference_dispatch)
 DISPATCH_POLICIES = tuple(DISPATCH_MODULES)
 # The policies that read the closed loop's per-SM CTA-duration estimates: both engines learn
 # them only where a configuration dispatches by one of these.

@@ -56,7 +56,7 @@ from .isa import Op
 from .kernel import FIXED, MAX_DEP_SLOTS, MEMORY, MIO
 from .occupancy import REG_SHARE_ONE
 from .policies import (DEFAULT_DISPATCH, DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_WARP_POLICY,
-                       DISPATCH_MODULES, DISPATCH_POLICIES)
+                       DISPATCH_MODULES, DISPATCH_POLICIES, WARP_MODULES, WARP_POLICIES)
 
 MASK32 = 0xFFFFFFFF
 GOLDEN32 = 0x9E3779B9
@@ -80,7 +80,6 @@ ELIGIBLE = -1  # "no block" marker used while classifying warps
 PIPE_OPS = (Op.FMA, Op.ALU, Op.SFU)  # ops with a per-scheduler math pipe; pipe index = op value
 MIO_OPS = (Op.LDS, Op.SHFL, Op.LDG)
 
-WARP_LRR, WARP_GTO, WARP_OLDEST = 0, 1, 2
 EMA_ONE = 256  # closed-loop smoothing a = ema_alpha_256 is in 1/256
 
 
@@ -669,7 +668,10 @@ class _Sim:
         self.smem_per_sm = max(int(launch.smem_per_sm_bytes) for launch in launches)
         self.W = max(int(launch.warps_per_cta) for launch in launches)  # columns of `warp_issued`
         self.mio_depth = int(first.mio_depth)
-        self.warp_policy = int(first.warp_policy)
+        number = int(first.warp_policy)
+        if not 0 <= number < len(WARP_POLICIES):
+            raise ValueError(f"unknown warp policy {number}")
+        self.warp_policy = WARP_MODULES[WARP_POLICIES[number]]  # jaxsched/reference_warp/
         number = int(first.dispatch_policy)
         if not 0 <= number < len(DISPATCH_POLICIES):
             raise ValueError(f"unknown dispatch policy {number}")
@@ -974,14 +976,7 @@ class _Sim:
 
     def select_key(self, sm: SM, sched: int, q: int, warp: Warp) -> int:
         """The key the scheduler minimises (section 7, "Selection")."""
-        last = sm.last[sched]
-        if self.warp_policy == WARP_LRR:
-            return (q - last - 1) % self.Q
-        if self.warp_policy == WARP_GTO:
-            return -1 if q == last else warp.age
-        if self.warp_policy == WARP_OLDEST:
-            return warp.age
-        raise ValueError(f"unknown warp policy {self.warp_policy}")
+        return self.warp_policy.key(q, sm.last[sched], self.Q, warp.age)
 
     def issue(self, sm: SM, sched: int, warp: Warp, k: int, c: int) -> None:
         """Section 7, "Issue": one instruction of `warp` (its launch's program) on scheduler

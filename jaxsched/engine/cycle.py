@@ -27,8 +27,7 @@ from .slots import by_scheduler, cta_slot_of, hardware_position, per_warp, q_ind
 from .status import (blocked_split, interval_cycles, mem_cycle, one_of_class, op_class, ready_counts, scan, stall_rows,
                      throttled, waited)
 from .variation import active_lanes, back_edge, resolve_pc
-
-LRR, GTO, OLDEST = 0, 1, 2
+from . import warp_policies
 
 
 def clock_edges(state: State, launch: Launch, run: Bool[Array, " sm"]) -> tuple[Bool[Array, " sm"], Int[Array, " sm"]]:
@@ -58,14 +57,15 @@ def select(
     state: State, launch: Launch, shapes: Shapes, eligible: Bool[Array, "warp sm"], edge: Bool[Array, " sm"],
     policy: Int[Array, ""] | None = None,
 ) -> tuple[Bool[Array, "warp sm"], Bool[Array, "sched sm"], Int[Array, "sched sm"]]:
-    """Each scheduler picks at most one eligible warp by the warp policy (minimum key). Keys are
+    """Each scheduler picks at most one eligible warp by the warp policy (minimum key; one module per
+    policy in `warp_policies/`). Keys are
     unique per scheduler (LRR's by q, ages by CTA and warp), so the minimum of `key << 5 | q`
     (q < 32) names the warp: one plain minimum over the scheduler's warps, in int32 where every
     age `32 g + w` fits in 26 bits (grids up to 2^21 CTAs), else int64.
 
     `policy`: the whole batch's warp policy where it is one (a batch of one: unbatched under
     `vmap`), so that a `switch` computes only its key; else each configuration's key is chosen
-    among the three (`launch.warp_policy`). The switch made the CPU's whole run about 5 % faster
+    among all (`launch.warp_policy`). The switch made the CPU's whole run about 5 % faster
     (benchmarks/RESULTS.md, "The CPU step's recomputed values, found through a profile without the
     per-kernel overhead").
 
@@ -87,14 +87,13 @@ def select(
         return jnp.min(by_q, axis=1)
 
     last = per_warp(state.last, shapes)
-    keys = {LRR: lambda: (q - last - 1) % n_q, GTO: lambda: jnp.where(q == last, -1, state.warps.age),
-            OLDEST: lambda: state.warps.age}
+    keys = [lambda m=m: m.key(q, last, n_q, state.warps.age) for m in warp_policies.MODULES.values()]
     if policy is not None:
-        best = jax.lax.switch(policy, [lambda k=keys[p]: best_of(k()) for p in (LRR, GTO, OLDEST)])
+        best = jax.lax.switch(policy, [lambda k=k: best_of(k()) for k in keys])
     else:
-        key = jnp.select([launch.warp_policy == LRR, launch.warp_policy == GTO], [keys[LRR](), keys[GTO]()],
-                         keys[OLDEST]())
-        best = best_of(key)
+        *first, final = keys
+        best = best_of(jnp.select([launch.warp_policy == p for p in range(len(first))], [k() for k in first],
+                                  final()))
     has = best < never
     q_sel = (best & 31).astype(jnp.int32)
     sel = (q == per_warp(q_sel, shapes)) & per_warp(has, shapes)

@@ -1,0 +1,27 @@
+"""The engine's warp-scheduling policies, one module per policy (docs/model.md section 7,
+"Selection"), each the JAX twin of `jaxsched/reference_warp/NAME.py` and numbered as
+`jaxsched.WARP_POLICIES`.
+
+A policy module gives `key(q, last, n_q, age) -> Int[Array, "warp sm"]`: per warp slot, the key
+its scheduler minimises over the eligible warps (`q`: the slot's position among its scheduler's
+`n_q`, `last`: the position that issued last there, `age`: `32 * CTA + warp`), unique per
+scheduler. `cycle.select` computes the configuration's key (or, for a batch of one, only it).
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from ...policies import WARP_POLICIES
+
+
+def _modules() -> dict:
+    found = {m.name for m in pkgutil.iter_modules(__path__)}
+    if found != set(WARP_POLICIES):
+        raise ImportError(f"jaxsched/engine/warp_policies has {sorted(found)}, the reference's policies "
+                          f"are {sorted(WARP_POLICIES)}: each policy needs both twins")
+    return {name: importlib.import_module(f".{name}", __name__) for name in WARP_POLICIES}
+
+
+MODULES = _modules()
