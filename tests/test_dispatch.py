@@ -89,6 +89,6 @@ def test_bad_dispatch_parameters():
     with pytest.raises(js.JaxschedError, match="dispatch_weight"):
         js.simulate(H200, kernel, dispatch="weighted", dispatch_weight=np.zeros(H200.n_sm_slots))
     with pytest.raises(js.JaxschedError, match="dispatch"):
-        js.simulate(H200, kernel, dispatch="fastest_first")
+        js.simulate(H200, kernel, dispatch="no_such_policy")
     with pytest.raises(js.JaxschedError, match=r"closed_loop_step.*dispatches by closed_loop"):
         js.simulate_batch([H200], [kernel], [js.clocks.uniform(H200)], [1], [4], [0], closed_loop_step=False)
