@@ -34,7 +34,7 @@ from .launch_credit import can_launch
 from .launches import Launches, head_launch, op_and_waits, warp_program
 from .residency import first_base, free_warp_slots, new_warps, room as resource_room
 from .slots import cta_slot_of, hardware_slot
-from .state import INF, State, Warps
+from .state import INF, Dispatch, State, Warps
 from .status import op_class
 from .variation import resolve_pc, warp_variation
 
@@ -87,13 +87,13 @@ def _censored_estimate(state: State, tick: Int[Array, ""]) -> Int[Array, "launch
     least that slow, whatever the estimate says (docs/model.md section 9). Per launch, from its
     own estimates and its own CTAs (section 13)."""
     running = jnp.where(state.cta_id >= 0, tick - state.cta_start, 0)
-    n_launches, n_sm = state.dispatch_est.shape
+    n_launches, n_sm = state.dispatch.est.shape
     if n_launches == 1:
         oldest = jnp.max(running, axis=0)[None]
     else:
         sm = jnp.broadcast_to(jnp.arange(n_sm)[None, :], running.shape)
         oldest = jnp.zeros((n_launches, n_sm), jnp.int32).at[state.cta_launch, sm].max(running)
-    return jnp.maximum(state.dispatch_est, oldest.astype(jnp.int64))
+    return jnp.maximum(state.dispatch.est, oldest.astype(jnp.int64))
 
 
 def learn_cta_durations(state: State, was_occupied: Bool[Array, "cta sm"], launch: Launch) -> Int[Array, "launch sm"]:
@@ -101,7 +101,7 @@ def learn_cta_durations(state: State, was_occupied: Bool[Array, "cta sm"], launc
     `was_occupied`: the slots that held a CTA before them), one completion at a time in CTA-slot
     order (docs/model.md section 9); a completion updates its own launch's estimate (section
     13). Only completions are observed, never the clocks."""
-    est = state.dispatch_est
+    est = state.dispatch.est
     complete = was_occupied & (state.cta_id < 0)
     a = launch.ema_alpha_256.astype(jnp.int64)
     n_launches, sm = est.shape[0], jnp.arange(est.shape[1])
@@ -333,13 +333,13 @@ def plan(state: State, launch: Launch, shapes: Shapes, tick: Int[Array, ""], clo
     live = jnp.sum(state.cta_live, axis=0, dtype=jnp.int32)
     several = shapes.n_launches > 1
     slots = Slots(state.cta_id, state.cta_launch, state.resident, live, state.cta_start,
-                  jnp.zeros_like(state.cta_start, jnp.int64), state.next_cta, state.rr_pointer, state.launch_credit,
+                  jnp.zeros_like(state.cta_start, jnp.int64), state.next_cta, state.dispatch.pointer, state.launch_credit,
                   jnp.bool_(False), free_warp_slots(state.warp_cta, shapes) if several else state.warp_cta < 0,
                   jnp.zeros_like(state.cta_id) if several else state.warp_cta)
     usable = _usable_slots(state, launch, shapes, start) & candidate
     # A slot placed in this tick is occupied, so `fresh` needs no update during the tick.
     return slots, Plan(tick, start, state.kernel_ready, usable, state.cta_usable_tick,
-                       ~state.cta_used, _censored_estimate(state, tick) if closed_loop else state.dispatch_est,
+                       ~state.cta_used, _censored_estimate(state, tick) if closed_loop else state.dispatch.est,
                        state.freq)
 
 
@@ -391,11 +391,10 @@ def commit(state: State, slots: Slots, took: Int[Array, " sm"], launch: Launch, 
         cta_arrived=jnp.where(new, 0, state.cta_arrived),
         cta_start=slots.start,
         cta_used=state.cta_used | new,
-        dispatch_hold=slots.hold,
+        dispatch=Dispatch(est=state.dispatch.est, hold=slots.hold, pointer=slots.rr_pointer),
         resident=slots.resident,
         next_cta=slots.next_cta,
         kernel_start=jnp.where((state.next_cta == 0) & (slots.next_cta > 0), first, state.kernel_start),
-        rr_pointer=slots.rr_pointer,
         launch_credit=slots.credit,
         items_taken=state.items_taken + jnp.sum(took, dtype=jnp.int32),
         counters=replace(

@@ -123,7 +123,7 @@ def skip_to_next_event(
     nxt = jnp.minimum(nxt, next_ready_tick(state.kernel_ready, state.next_cta, launches, k))
     nxt = jnp.where((nxt < INF) & ~done, nxt, k + 1)  # nothing pending only after the last CTA
     # A held dispatch depends on the tick itself (section 9): look again at the next tick.
-    nxt = jnp.where(state.dispatch_hold, k + 1, nxt)
+    nxt = jnp.where(state.dispatch.hold, k + 1, nxt)
     # Time always moves on, so that the loop ends at max_ticks whatever it is given (a last
     # guard: validated inputs never need it).
     nxt = jnp.maximum(nxt, k + 1)

@@ -122,6 +122,14 @@ class Counters(eqx.Module):
     cta_key: Int[Array, " grid"]
 
 
+class Dispatch(eqx.Module):
+    """What the dispatch policies remember between placements (docs/model.md section 9)."""
+
+    est: Int[Array, "launch sm"]  # closed loop: a CTA's duration per launch and SM, ticks (int64)
+    hold: Bool[Array, ""]  # closed loop: CTAs held back this tick, re-evaluated the next
+    pointer: Int[Array, ""]  # round robin: the shared pointer, in dispatch-rank space
+
+
 class State(eqx.Module):
     # The next tick to process; where SMs run on their own time (`decouple.py`), the chip's next
     # tick: the next dispatch an SM waits for, DVFS event or the tick limit.
@@ -146,8 +154,7 @@ class State(eqx.Module):
     # the CTA slot of the warp at each position, -1 none: several launches only ([0, sm] with one;
     # engine/residency.py)
     warp_cta: Int[Array, "warp sm"]
-    dispatch_est: Int[Array, "launch sm"]  # closed-loop estimate of a CTA's duration, ticks (int64)
-    dispatch_hold: Bool[Array, ""]  # closed loop held CTAs back this tick: re-evaluate next tick
+    dispatch: Dispatch
     warps: Warps
     q_l2: Int[Array, ""]
     q_dram: Int[Array, ""]
@@ -156,7 +163,6 @@ class State(eqx.Module):
     g_release: Int[Array, ""]  # tick a completed grid barrier releases (INF: none pending)
     items_taken: Int[Array, ""]  # persistent kernels' global work-queue counter
     next_cta: Int[Array, " launch"]  # per launch, the next CTA to dispatch (local index)
-    rr_pointer: Int[Array, ""]
     ctas_done: Int[Array, ""]  # all launches
     last_exit_tick: Int[Array, ""]
     kernel_done: Int[Array, " launch"]  # CTAs completed per launch
@@ -199,8 +205,7 @@ def initial_state(shapes: Shapes) -> State:
         cta_usable_tick=zi(c, s),
         cta_used=jnp.zeros((c, s), bool),
         warp_cta=jnp.full((w if n > 1 else 0, s), -1, jnp.int32),
-        dispatch_est=zl(n, s),
-        dispatch_hold=jnp.zeros((), bool),
+        dispatch=Dispatch(est=zl(n, s), hold=jnp.zeros((), bool), pointer=zi()),
         warps=Warps(
             pc=jnp.full((w, s), NO_WARP, jnp.int32),
             trips_left=zi(shapes.loops, w, s),
@@ -223,7 +228,6 @@ def initial_state(shapes: Shapes) -> State:
         g_release=jnp.full((), INF, jnp.int32),
         items_taken=zi(),
         next_cta=zi(n),
-        rr_pointer=zi(),
         ctas_done=zi(),
         last_exit_tick=zi(),
         kernel_done=zi(n),

@@ -53,7 +53,8 @@ def start(run: Run, shapes: Shapes) -> State:
     state = initial_state(shapes)
     freq, dv = initial_dvfs(launch, state.dvfs)
     return dataclasses.replace(state, freq=freq, dvfs=dv, kernel_ready=initial_ready(run.launches),
-                               dispatch_est=jnp.full_like(state.dispatch_est, launch.ema_prior_ticks),
+                               dispatch=dataclasses.replace(
+                                   state.dispatch, est=jnp.full_like(state.dispatch.est, launch.ema_prior_ticks)),
                                launch_credit=jnp.full_like(state.launch_credit, launch.launch_idle_cycles))
 
 
@@ -111,16 +112,17 @@ def _dispatch(runs: Run, states: State, was_occupied: Bool[Array, "batch cta sm"
     where it decides something"). Results do not depend on either."""
     def closed(s: State) -> tuple[Array, Slots]:
         est = jax.vmap(lambda r, x, o: learn_cta_durations(x, o, r.launch))(runs, s, was_occupied)
-        return est, _place(runs, dataclasses.replace(s, dispatch_est=est), shapes, True, at)
+        return est, _place(runs, dataclasses.replace(s, dispatch=dataclasses.replace(s.dispatch, est=est)), shapes,
+                           True, at)
 
     def open_loop(s: State) -> tuple[Array, Slots]:
-        return s.dispatch_est, _place(runs, s, shapes, False, at)
+        return s.dispatch.est, _place(runs, s, shapes, False, at)
 
     if shapes.closed_loop:
         est, slots = jax.lax.cond(jnp.any(is_one_of(runs.launch.dispatch_policy, ESTIMATE_POLICIES)), closed, open_loop, states)
     else:
         est, slots = open_loop(states)
-    return dataclasses.replace(states, dispatch_est=est), slots
+    return dataclasses.replace(states, dispatch=dataclasses.replace(states.dispatch, est=est)), slots
 
 
 class _Touched(NamedTuple):
