@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
-from jaxtyping import Array, ArrayLike, Bool, Float, Int
+from jaxtyping import Array, ArrayLike
 
 from .. import clocks as clocks_mod
 from .. import compile_cache
@@ -37,102 +37,14 @@ from .dispatch import variation_tables
 from .dispatch_policies import ESTIMATE_POLICIES
 from .fast_forward import may_fast_forward
 from .launches import Launches, make_launches, single
-from .power import domains, final_outputs
+from .power import domains
 from .prepare import WorkloadInput, prepare_workload, workload_shapes
 from .sizes import compiled_input, compiled_shapes, unnamed
-from .state import STALL_REASONS, State
+from .result import Result, outputs
+from .batching import chunked, default_chunk, padded_batch
 from .step import Run, loop
 
 MAX_TICKS = 1 << 30  # ~0.54 s at 1.98 GHz; int32 ticks leave headroom above it
-
-
-class Result(eqx.Module):
-    """Outputs of one configuration (or a batch: a leading axis on every field)."""
-
-    makespan_ticks: Int[Array, ""]
-    makespan_ns: Float[Array, ""]
-    makespan_cycles: Float[Array, ""]  # cycles of the nominal (boost) clock
-    tick_mhz: Int[Array, ""]
-    completed: Bool[Array, ""]  # False if max_ticks ran out first
-    ticks_stepped: Int[Array, ""]  # ticks the engine processed; the rest it skipped or fast-forwarded exactly
-    sm_cycles: Int[Array, " sm"]
-    sm_busy_cycles: Int[Array, " sm"]
-    sm_issued: Int[Array, " sm"]
-    sm_issued_op: Int[Array, "sm op"]  # by isa.Op class
-    sm_active_lanes: Int[Array, " sm"]
-    sm_warp_cycles: Int[Array, " sm"]
-    sm_stalls: Int[Array, "sm reason"]
-    sm_ctas: Int[Array, " sm"]
-    sm_items: Int[Array, " sm"]  # work items taken (persistent kernels)
-    cta_sm: Int[Array, " grid"]  # per CTA in global order g = cta_base[l] + c
-    cta_start_tick: Int[Array, " grid"]
-    cta_end_tick: Int[Array, " grid"]
-    cta_kernel: Int[Array, " grid"]  # the launch of each CTA, -1 past the last
-    # per launch (docs/model.md section 13; one entry for a plain kernel)
-    kernel_ready_tick: Int[Array, " launch"]
-    kernel_start_tick: Int[Array, " launch"]  # tick of its first CTA's dispatch
-    kernel_end_tick: Int[Array, " launch"]  # tick its last CTA completed
-    # DVFS (docs/model.md section 12; zeros and trace_tick -1 with DVFS off)
-    sm_energy_pj: Int[Array, " sm"]
-    sm_clock_end_mhz: Int[Array, " sm"]
-    sm_temp_end_mk: Int[Array, " sm"]
-    trace_tick: Int[Array, " row"]
-    trace_mhz: Int[Array, "row sm"]
-    trace_mw: Int[Array, "row sm"]
-    trace_mk: Int[Array, "row sm"]
-    max_warps_per_sm: int = eqx.field(static=True)
-
-    stall_reasons = STALL_REASONS
-
-    @property
-    def ipc(self) -> np.ndarray:
-        """Issued instructions per busy cycle, per SM."""
-        return np.asarray(self.sm_issued) / np.maximum(np.asarray(self.sm_busy_cycles), 1)
-
-    @property
-    def achieved_occupancy(self) -> np.ndarray:
-        """Mean resident warps per busy cycle over the SM's warp slots, per SM."""
-        busy = np.maximum(np.asarray(self.sm_busy_cycles), 1)
-        return np.asarray(self.sm_warp_cycles) / busy / self.max_warps_per_sm
-
-    @property
-    def simt_efficiency(self) -> np.ndarray:
-        """Active lanes per issued instruction over 32 (whole kernel)."""
-        issued = np.sum(np.asarray(self.sm_issued), axis=-1)
-        return np.sum(np.asarray(self.sm_active_lanes), axis=-1) / np.maximum(32 * issued, 1)
-
-    @property
-    def sm_power_w(self) -> np.ndarray:
-        """Mean power per SM over the makespan (DVFS on), W."""
-        return np.asarray(self.sm_energy_pj) / np.asarray(self.makespan_ns)[..., None] * 1e-3
-
-    @property
-    def trace_us(self) -> np.ndarray:
-        """Times of the clock-trace rows, microseconds (NaN where unused)."""
-        t = np.asarray(self.trace_tick, dtype=np.float64)
-        return np.where(t >= 0, t / np.asarray(self.tick_mhz)[..., None], np.nan)
-
-    @property
-    def cta_start_ns(self) -> np.ndarray:
-        return np.asarray(self.cta_start_tick) * 1000.0 / np.asarray(self.tick_mhz)[..., None]
-
-    @property
-    def cta_end_ns(self) -> np.ndarray:
-        return (np.asarray(self.cta_end_tick) + 1) * 1000.0 / np.asarray(self.tick_mhz)[..., None]
-
-    @property
-    def kernel_ready_ns(self) -> np.ndarray:
-        """When each launch may start (the start of its ready tick), ns from the host's first call."""
-        return np.asarray(self.kernel_ready_tick) * 1000.0 / np.asarray(self.tick_mhz)[..., None]
-
-    @property
-    def kernel_start_ns(self) -> np.ndarray:
-        return np.asarray(self.kernel_start_tick) * 1000.0 / np.asarray(self.tick_mhz)[..., None]
-
-    @property
-    def kernel_end_ns(self) -> np.ndarray:
-        """The end of each launch's last tick (the last launch's equals the makespan)."""
-        return (np.asarray(self.kernel_end_tick) + 1) * 1000.0 / np.asarray(self.tick_mhz)[..., None]
 
 
 def _prepare(launch: Launch, shapes: Shapes, per: Launch | None, launches: Launches | None) -> Run:
@@ -213,41 +125,6 @@ def _guarded(launch: Launch, kernels: Sequence[Kernel]) -> Launch:
     return dataclasses.replace(launch, tick_mhz=tick)
 
 
-def _result(final: State, run: Run, arch: Arch, shapes: Shapes) -> Result:
-    """The outputs of a run that ended in `final`."""
-    launch, launches = run.launch, run.launches
-    c = final.counters
-    ticks = final.last_exit_tick + 1
-    ns = ticks.astype(jnp.float64) * 1000.0 / launch.tick_mhz
-    return Result(
-        makespan_ticks=ticks,
-        makespan_ns=ns,
-        makespan_cycles=ticks.astype(jnp.float64) * jnp.round(arch.boost_clock_ghz * 1000.0).astype(jnp.float64)
-        / launch.tick_mhz,
-        tick_mhz=launch.tick_mhz,
-        completed=final.ctas_done >= launch.n_ctas,
-        ticks_stepped=final.steps,
-        sm_cycles=c.sm_cycles,
-        sm_busy_cycles=c.sm_busy_cycles,
-        sm_issued=c.sm_issued,
-        sm_issued_op=c.sm_issued_op.T,
-        sm_active_lanes=c.sm_active_lanes,
-        sm_warp_cycles=c.sm_warp_cycles,
-        sm_stalls=c.sm_stalls.T,
-        sm_ctas=c.sm_ctas,
-        sm_items=c.sm_items,
-        cta_sm=c.cta_sm,
-        cta_start_tick=c.cta_start_tick,
-        cta_end_tick=c.cta_end_tick,
-        cta_kernel=launches.cta_launch,
-        kernel_ready_tick=final.kernel_ready,
-        kernel_start_tick=final.kernel_start,
-        kernel_end_tick=final.kernel_end,
-        **final_outputs(final, launch),
-        max_warps_per_sm=shapes.warp_slots,
-    )
-
-
 def _run_config(*config, shapes: Shapes, max_ticks: int) -> Result:
     """One configuration (the arguments of `_lower_config`): a batch of one."""
     one = _run_batch(*jax.tree.map(lambda x: jnp.asarray(x)[None], config), shapes=shapes, max_ticks=max_ticks)
@@ -258,45 +135,7 @@ def _run_batch(*config, shapes: Shapes, max_ticks: int) -> Result:
     """A batch of configurations (a leading axis on every argument) in one loop (`step.loop`)."""
     runs = jax.vmap(functools.partial(_lower_config, shapes=shapes))(*config)
     final, _ = loop(runs, shapes, max_ticks)
-    return jax.vmap(lambda f, r, a: _result(f, r, a, shapes))(final, runs, config[0])
-
-
-# Configurations x SM slots x warp slots per vmapped chunk on each CPU device (one per core): a
-# step reads and writes some thirty [configuration, SM, warp] arrays, and past the core's own
-# cache the CPU waits on memory. One H200 configuration keeps them within a 2 MiB L2; a batch
-# also waits on its slowest member. An 8-SM chip runs 18 at a time, where per-kernel overheads
-# weigh more (benchmarks/RESULTS.md, "Per-scheduler reductions along the minor axis, no 64-bit histogram,
-# CPU chunks" and "One CPU device per core").
-_CPU_CHUNK_WARP_SLOTS = 144 * 64
-
-
-def default_chunk(shapes: Shapes) -> int | None:
-    """Configurations per vmapped chunk: on the CPU as many as keep a step's arrays in cache,
-    elsewhere the whole batch (None)."""
-    if jax.default_backend() != "cpu":
-        return None
-    return max(1, _CPU_CHUNK_WARP_SLOTS // (shapes.n_sm * shapes.warp_slots))
-
-
-def _padded_batch(config: tuple, multiple: int) -> tuple[tuple, int]:
-    """`config` (a leading configuration axis on every leaf) padded to a multiple of `multiple`
-    configurations with copies of the first, whose results the caller drops; and the original
-    count."""
-    n = jax.tree.leaves(config)[0].shape[0]
-    pad = -n % multiple
-    if pad == 0:
-        return config, n
-    return jax.tree.map(lambda x: jnp.concatenate([x, jnp.repeat(x[:1], pad, axis=0)]), config), n
-
-
-def _in_chunks(fn: Callable[..., Result], config: tuple, chunk: int) -> Result:
-    """`fn` (batched) over the leading axis of `config`, `chunk` configurations at a time (one
-    `lax.map` step each)."""
-    padded, n = _padded_batch(config, chunk)
-    n_chunks = -(-n // chunk)  # explicit: a leaf may have a zero-sized axis (no clock trace)
-    grouped = jax.tree.map(lambda x: x.reshape(n_chunks, chunk, *x.shape[1:]), padded)
-    out = jax.lax.map(lambda c: fn(*c), grouped)
-    return jax.tree.map(lambda y: y.reshape(n_chunks * chunk, *y.shape[2:])[:n], out)
+    return jax.vmap(lambda f, r, a: outputs(f, r, a, shapes))(final, runs, config[0])
 
 
 @compile_cache.stored
@@ -309,16 +148,10 @@ def _compiled(*config, shapes: Shapes, max_ticks: int, batched: bool, chunk: int
         return _run_config(*config, shapes=shapes, max_ticks=max_ticks)
     fn = functools.partial(_run_batch, shapes=shapes, max_ticks=max_ticks)
     if mesh is None:
-        return _chunked(fn, config, chunk)
-    padded, n = _padded_batch(config, mesh.size)
-    out = sharded(lambda *c: _chunked(fn, c, chunk), mesh)(*padded)
+        return chunked(fn, config, chunk)
+    padded, n = padded_batch(config, mesh.size)
+    out = sharded(lambda *c: chunked(fn, c, chunk), mesh)(*padded)
     return jax.tree.map(lambda y: y[:n], out)
-
-
-def _chunked(fn: Callable[..., Result], config: tuple, chunk: int | None) -> Result:
-    if chunk is not None and jax.tree.leaves(config)[0].shape[0] > chunk:
-        return _in_chunks(fn, config, chunk)
-    return fn(*config)
 
 
 def _dispatch_inputs(arch: Arch, clocks: Clocks, weight, alpha: float, prior_ns: float) -> tuple:
