@@ -193,7 +193,7 @@ def _span(low: float, high: float, fmt: str) -> str:
 
 @_command
 def cmd_run(args: argparse.Namespace) -> int:
-    from .engine.run import simulate  # first: the engine's import sets one CPU device per core
+    from .engine.run import simulate
     from .run_bounds import NAMES, bounds_ns
     from .workload import Workload
 
