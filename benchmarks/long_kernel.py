@@ -52,7 +52,7 @@ def workload(batch: int, waves: int, kind: str, trips: int, seed: int = 0):
 
 
 def main() -> None:
-    js.use_host_cores()  # one CPU device per core (RESULTS.md, "One CPU device per core")
+    js.use_host_cores()  # one CPU device per core (docs/engine_performance.md, "One CPU device per core")
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--waves", type=int, default=1, choices=(1, 4))

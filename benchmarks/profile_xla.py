@@ -7,7 +7,7 @@ the engine's source lines through the stack frames that the compiled HLO records
 instruction (a fusion's time is split over its instructions' lines in proportion to their
 number). Prints JSON: the run's wall and CPU seconds, the share of per-warp fusions
 (`[batch, warp, sm]` arrays) and their element operations per warp slot, and the top fusions,
-functions and lines: the view to use when changing the step (RESULTS.md, "Where the time
+functions and lines: the view to use when changing the step (docs/engine_performance.md, "Where the time
 goes").
 
     python benchmarks/profile_xla.py --batch 16 --ticks 600 [--from-ticks 0] [--dvfs] [--top 25]
@@ -69,7 +69,7 @@ def kernel_times_us(trace_dir: str) -> tuple[collections.Counter, collections.Co
 
     On a GPU only the device's own kernel events count: the host's entries (a `while` thunk's
     span includes its wait for every kernel queued before it) would count the same time twice
-    (benchmarks/RESULTS.md, "The H200's step, kernel by kernel"). On the CPU the kernels are the
+    (docs/engine_performance.md, "The H200's step, kernel by kernel"). On the CPU the kernels are the
     host's events; a loop's own entry (`while`) is its total, inner kernels included."""
     path = max(glob.glob(f"{trace_dir}/**/*.trace.json.gz", recursive=True))
     with gzip.open(path) as stream:

@@ -76,7 +76,7 @@ def _reference_cycles(arch, kernel, maps, policies, params, round_index: int, n_
 
 
 def main() -> None:
-    js.use_host_cores()  # one CPU device per core (RESULTS.md, "One CPU device per core")
+    js.use_host_cores()  # one CPU device per core (docs/engine_performance.md, "One CPU device per core")
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--trips", type=int, default=4, help="loop trips per warp")

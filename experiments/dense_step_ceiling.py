@@ -1,6 +1,6 @@
 """How fast could *any* dense XLA step be? A lower bound on the engine's per-step cost (issue 3).
 
-The engine evaluates every warp slot of every SM at every simulated cycle (RESULTS.md, "Where the
+The engine evaluates every warp slot of every SM at every simulated cycle (docs/engine_performance.md, "Where the
 time goes"). This script times a deliberately minimal step with the same shape and the same
 structure, but a fraction of the work: per warp slot, only what any cycle-level model of issue
 must do. It is *not* a simulator and its numbers mean nothing; its speed is a ceiling for a

@@ -1,6 +1,6 @@
 """The ceiling benchmarks run the rules they claim: the on-chip (Pallas) step, in Pallas's
 interpreter, equals the dense XLA step of `dense_step_ceiling.py` on the same chips, and with
-its extra fields, the chip-wide queue and its SMs split into column groups equals its own XLA twin (benchmarks/RESULTS.md,
+its extra fields, the chip-wide queue and its SMs split into column groups equals its own XLA twin (docs/engine_performance.md,
 "The ceiling of a step that keeps the warp state on chip (`experiments/onchip_step_ceiling.py`)")."""
 
 from __future__ import annotations

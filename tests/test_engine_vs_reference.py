@@ -121,7 +121,7 @@ def gpu_forms(monkeypatch):
 @given(cfg=configurations())
 def test_gpu_forms_equal_reference(gpu_forms, cfg: dict) -> None:
     """The forms the engine uses off the CPU give the reference's results too, so a CPU run of
-    the suite checks the GPU's path (the H200 runs it; benchmarks/RESULTS.md, "The H200's step, kernel by
+    the suite checks the GPU's path (the H200 runs it; docs/engine_performance.md, "The H200's step, kernel by
     kernel")."""
     result, ref = _run_pair(cfg, _GPU_FORMS_MAX_TICKS)
     if ref is not None:

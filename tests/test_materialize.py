@@ -32,7 +32,7 @@ def test_once_materialises_through_a_conditional_on_the_cpu():
 
 def test_once_computes_inside_the_conditional_without_copies():
     """The values are computed in the taken branch and written where the conditional leaves
-    them: values computed outside and passed through would each cost a copy (benchmarks/RESULTS.md,
+    them: values computed outside and passed through would each cost a copy (docs/engine_performance.md,
     "The CPU step's recomputed values, found through a profile without the per-kernel overhead")."""
     a = jnp.arange(8, dtype=jnp.int32).reshape(2, 4)
 

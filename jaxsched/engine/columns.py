@@ -39,7 +39,7 @@ def _first_marked(marked: Bool[Array, "batch sm"], k: int
     """The indices of each configuration's first `k` marked SMs (the SM count past its last),
     and the marks left after them. The i-th is the number of SMs with at most i marked up to
     and including them. (As `jnp.nonzero(size=k)`, which scatters: a kernel of its own on the
-    CPU; benchmarks/RESULTS.md, "Scatters out of the CPU's loops, the ratio measured in rounds".)"""
+    CPU; docs/engine_performance.md, "Scatters out of the CPU's loops, the ratio measured in rounds".)"""
     seen = jnp.cumsum(marked, axis=-1, dtype=jnp.int32)
     cols = jnp.stack([jnp.sum(seen <= i, axis=-1, dtype=jnp.int32) for i in range(k)], axis=-1)
     return cols, marked & (seen > k)

@@ -46,9 +46,9 @@ def _gpu_forms() -> bool:
     slot, and each scheduler's minimum key as a chain of elementwise minima rather than a
     reduction. On the CPU each scatter is a kernel of its own that costs as much as the select,
     and the chain, fused into each of its consumers, is recomputed there: the whole run took 2.3x
-    as long (benchmarks/RESULTS.md, "The H200 step waits on its loops" and "The H200's step, kernel by
+    as long (docs/engine_performance.md, "The H200 step waits on its loops" and "The H200's step, kernel by
     kernel"). Likewise the selected warps' fields are read by a gather off the CPU and by a masked
-    sum on it (`_of_selected`; benchmarks/RESULTS.md, "The CPU step's recomputed values, found
+    sum on it (`_of_selected`; docs/engine_performance.md, "The CPU step's recomputed values, found
     through a profile without the per-kernel overhead"). Results do not depend on it."""
     return jax.default_backend() != "cpu"
 
@@ -66,12 +66,12 @@ def select(
     `policy`: the whole batch's warp policy where it is one (a batch of one: unbatched under
     `vmap`), so that a `switch` computes only its key; else each configuration's key is chosen
     among all (`launch.warp_policy`). The switch made the CPU's whole run about 5 % faster
-    (benchmarks/RESULTS.md, "The CPU step's recomputed values, found through a profile without the
+    (docs/engine_performance.md, "The CPU step's recomputed values, found through a profile without the
     per-kernel overhead").
 
     Off the CPU (`_gpu_forms`) the minimum over a scheduler's warps is a chain of elementwise
     minima: the H200 ran the reduction over this middle axis as a loop kernel at a fifth of its
-    memory bandwidth, and the chain made the whole run 12 % faster (benchmarks/RESULTS.md,
+    memory bandwidth, and the chain made the whole run 12 % faster (docs/engine_performance.md,
     "The H200's step, kernel by kernel")."""
     n_q = shapes.warps_per_scheduler
     q = q_index(shapes)[:, None]
@@ -105,7 +105,7 @@ def _of_selected(x: Array, sel: Bool[Array, "warp sm"], q_sel: Int[Array, "sched
     (a scheduler without an issue reads some value; callers mask by `has`). Off the CPU
     (`_gpu_forms`) a gather at `q_sel`; on the CPU the sum over the scheduler's warps masked by
     `sel`, a reduction vectorised along the SMs, where a gather runs element by element: the
-    whole run about 4-5 % faster (benchmarks/RESULTS.md,
+    whole run about 4-5 % faster (docs/engine_performance.md,
     "The CPU step's recomputed values, found through a profile without the per-kernel overhead")."""
     if not _gpu_forms():
         return jnp.sum(by_scheduler(jnp.where(sel, x, 0), shapes), axis=1, dtype=x.dtype)

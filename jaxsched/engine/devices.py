@@ -6,7 +6,7 @@ and each configuration's result is the same bit for bit however the batch is spl
 device's step on the host's cores together, and a step is hundreds of small kernels, so most of
 that parallelism is lost to synchronisation: one CPU device per core, each running its own share
 of the batch, simulates 1.4-1.5x as many SM-cycles per second on 2 cores
-(benchmarks/RESULTS.md, "One CPU device per core"). `use_host_cores` makes XLA's CPU client expose them.
+(docs/engine_performance.md, "One CPU device per core"). `use_host_cores` makes XLA's CPU client expose them.
 """
 
 from __future__ import annotations

@@ -226,7 +226,7 @@ def _place_one(
         hold = _hold_for_better_slots(slots, launch, launching_tick, est, sm, tick, launches.n_ctas[head] - local)
     j = jnp.argmax(takes[:, sm]).astype(jnp.int32)  # lowest free slot that can take it
     # Masks rather than `.at[j, sm]` updates: vmapped, a scalar update is a scatter, which the
-    # CPU runs as a kernel of its own; a select fuses with its neighbours (benchmarks/RESULTS.md,
+    # CPU runs as a kernel of its own; a select fuses with its neighbours (docs/engine_performance.md,
     # "Scatters out of the CPU's loops, the ratio measured in rounds").
     at_s = jnp.arange(slots.resident.shape[0]) == sm
     at_js = (jnp.arange(slots.cta_id.shape[0])[:, None] == j) & at_s

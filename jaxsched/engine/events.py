@@ -103,7 +103,7 @@ def skip_to_next_event(
     `changed` set where anything after them (a grid-barrier release, dispatch, a clock change)
     touched an SM's warps. `one`: a traced 1 for `once`, which materialises the per-SM search
     (`_next_cycle_event`): the counters and the minimum read it, and would each recompute it in
-    their fusions (benchmarks/RESULTS.md, "The CPU step's recomputed values, found through a
+    their fusions (docs/engine_performance.md, "The CPU step's recomputed values, found through a
     profile without the per-kernel overhead")."""
     k = state.tick
     ready, by_cycle = once(lambda: _next_cycle_event(state, launch, look), one)

@@ -4,14 +4,14 @@ XLA fuses an elementwise producer into each consumer, and a consumer that broadc
 per-scheduler value read by the 16 warp slots of its scheduler) recomputes the producer's whole
 expression per slot. `jax.lax.optimization_barrier` does not stop this: XLA expands it before
 fusion. Values that leave a loop or a conditional are materialised, so `once` computes them in
-a conditional whose predicate XLA cannot prove (benchmarks/RESULTS.md, "Where the time goes";
+a conditional whose predicate XLA cannot prove (docs/engine_performance.md, "Where the time goes";
 a one-trip loop did the same at a few per cent more, "Scatters out of the CPU's loops, the ratio
 measured in rounds"). They are computed inside its taken branch: values computed outside and
 passed through cost a copy each ("The CPU step's recomputed values, found through a profile
 without the per-kernel overhead").
 
 It pays on the CPU only: the GPU's fusions recompute less than the CPU's, and there the
-materialising loop cost more than it saved (RESULTS.md, "Per-scheduler issue arithmetic, computed once"
+materialising loop cost more than it saved (docs/engine_performance.md, "Per-scheduler issue arithmetic, computed once"
 and "Per-scheduler reductions along the minor axis, no 64-bit histogram, CPU chunks"), so on a
 GPU `once` returns its values as they are. (Its sibling `when`, a one-trip loop that skipped
 work no configuration of a batch needed, is gone: the column pass, `columns.py`, skips that work

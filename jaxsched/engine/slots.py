@@ -3,7 +3,7 @@
 Every per-SM array keeps its SM axis last: `[sm]`, per scheduler `[sched, sm]`, per CTA slot
 `[cta, sm]`, per warp slot `[warp, sm]`. A step's reductions run over schedulers, warps or CTA
 slots, never over SMs, so with SMs last they are elementwise over rows of SMs, which a CPU
-computes in SIMD lanes and a GPU in coalesced rows (benchmarks/RESULTS.md, "A lean per-warp state, the SM
+computes in SIMD lanes and a GPU in coalesced rows (docs/engine_performance.md, "A lean per-warp state, the SM
 axis last, a batch-level step").
 
 The hardware puts warp slot `w = 4q + j` on scheduler `j` (docs/model.md section 7). The

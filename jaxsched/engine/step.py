@@ -73,7 +73,7 @@ def running(run: Run, state: State, max_ticks: int) -> Array:
 def _columns_per_pass() -> int:
     """SMs per configuration per pass of the per-warp work after the SM cycles: 4 on the CPU,
     where a chunk is one configuration, 8 on a GPU, where a pass is a train of kernels launched
-    from the host (benchmarks/RESULTS.md, "The previous section's loop changes on the H200, and the loop
+    from the host (docs/engine_performance.md, "The previous section's loop changes on the H200, and the loop
     constants" and "One CPU device per core"). Results do not depend on it."""
     return 4 if jax.default_backend() == "cpu" else 8
 
@@ -108,7 +108,7 @@ def _dispatch(runs: Run, states: State, was_occupied: Bool[Array, "batch cta sm"
     where no configuration of the call (or of the sweep it is a chunk of) needs them
     (`Shapes.closed_loop`), else by a batch-level conditional where no configuration of the
     batch does. They are 5 % of an H200 step at batch 4096, 7 % of a CPU step at 4
-    configurations per chunk, about 1 % at one (benchmarks/RESULTS.md, "The closed loop's work only
+    configurations per chunk, about 1 % at one (docs/engine_performance.md, "The closed loop's work only
     where it decides something"). Results do not depend on either."""
     def closed(s: State) -> tuple[Array, Slots]:
         est = jax.vmap(lambda r, x, o: learn_cta_durations(x, o, r.launch))(runs, s, was_occupied)
@@ -262,7 +262,7 @@ def loop(runs: Run, shapes: Shapes, max_ticks: int, begin: State | None = None) 
     the warps and the CTA slots of an ended configuration change no more: its CTAs are all done.
     A batch of one (the CPU's chunk) needs no keeping: its loop ends with it. Skipping the
     selects, and the copies that keeping both values costs, made the CPU's whole loop about 2 %
-    faster and its compile about 1 s shorter (benchmarks/RESULTS.md,
+    faster and its compile about 1 s shorter (docs/engine_performance.md,
     "The CPU step's recomputed values, found through a profile without the per-kernel overhead")."""
 
     one_config = _batch_of_one(runs)
