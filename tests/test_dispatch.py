@@ -9,7 +9,7 @@ import jaxsched as js
 
 H200 = js.presets.get("h200")
 # The H200 without launch credit (docs/model.md section 9): a freed slot refills after the launch
-# latency alone, so "most room" dispatch is exactly what the policy says. The README's die-scaling
+# latency alone, so "most room" dispatch is exactly what the policy says. The die-scaling
 # table was run on this model; test_closed_loop_with_launch_credit covers the full preset.
 CORE = H200.replace(cta_launch_idle_cycles=np.int32(0))
 PROGRAM = "loop 30 cta_spread=3\n fma dep\n fma dep\n sfu dep\nend"
