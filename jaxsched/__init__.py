@@ -32,7 +32,7 @@ _LAZY = {
     "Result": "engine.result", "simulate": "engine.run", "simulate_batch": "engine.run", "stack": "engine.run",
     "Kernel": "kernel", "load_kernel": "kernel", "make_kernel": "kernel", "resident_grid": "kernel",
     "Workload": "workload", "load_workload": "workload", "make_workload": "workload",
-    "use_host_cores": "engine.devices",
+    "use_host_cores": "engine.devices", "Params": "params", "make_params": "params",
 }
 _LAZY_MODULES = ("bounds", "clocks", "dvfs", "freqmap", "workload")
 
@@ -60,6 +60,7 @@ __all__ = [
     "Kernel",
     "Occupancy",
     "Op",
+    "Params",
     "Result",
     "Workload",
     "bounds",
@@ -72,6 +73,7 @@ __all__ = [
     "load_workload",
     "make_arch",
     "make_kernel",
+    "make_params",
     "make_workload",
     "max_active_blocks",
     "occupancy",

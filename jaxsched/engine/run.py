@@ -24,12 +24,12 @@ from .. import clocks as clocks_mod
 from .. import compile_cache
 from ..arch import Arch
 from ..clocks import Clocks
-from ..dvfs import MAX_TRACE_ROWS, MODES, Dvfs, off, validate_dvfs
+from ..dvfs import MAX_TRACE_ROWS, MODES, Dvfs
 from ..errors import JaxschedError, check, check_ints, is_traced
 from ..kernel import MAX_DEP_SLOTS, MAX_TRIPS, Kernel
-from ..policies import DEFAULT_DISPATCH, DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_WARP_POLICY
-from ..lower import (DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, policy_index, policy_indices,
-                     shapes_for, validate, validate_dispatch)
+from ..policies import DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS
+from ..lower import DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, policy_indices, shapes_for, validate
+from ..params import Params, dispatch_inputs, dvfs_input, make_params
 from ..workload import Workload
 from .devices import default_devices, mesh_of, sharded
 from .decouple import decoupling
@@ -154,21 +154,6 @@ def _compiled(*config, shapes: Shapes, max_ticks: int, batched: bool, chunk: int
     return jax.tree.map(lambda y: y[:n], out)
 
 
-def _dispatch_inputs(arch: Arch, clocks: Clocks, weight, alpha: float, prior_ns: float) -> tuple:
-    """Validated dispatch parameters as arrays (weights default to the SM clocks in MHz)."""
-    weight = None if weight is None else clocks_mod.per_slot(arch, weight, "dispatch_weight", fill=0)
-    validate_dispatch(arch, weight, alpha, prior_ns)
-    w = np.asarray(clocks.sm_freq_mhz if weight is None else weight, dtype=np.int32)
-    return w, np.float32(alpha), np.float32(prior_ns)
-
-
-def _dvfs_input(arch: Arch, dvfs: Dvfs | None) -> Dvfs:
-    dvfs = off(arch) if dvfs is None else dvfs
-    check(isinstance(dvfs, Dvfs), "dvfs", type(dvfs).__name__, "a jaxsched.dvfs.Dvfs (dvfs.default, dvfs.locked) or None")
-    validate_dvfs(dvfs)
-    return dvfs
-
-
 def any_dvfs(dvfs: Dvfs) -> bool:
     """Whether a configuration (or any of a stack) has DVFS on, so needs the DVFS step."""
     return bool(np.any(np.asarray(dvfs.mode) != MODES.index("off")))
@@ -245,23 +230,20 @@ def _check_done(result: Result, max_ticks: int) -> None:
 
 
 def simulate(
-    arch: Arch,
-    kernel: Kernel | Workload,
+    arch: Arch | Params,
+    kernel: Kernel | Workload | None = None,
     clocks: Clocks | None = None,
     *,
-    warp_policy: str | int = DEFAULT_WARP_POLICY,
-    dispatch: str | int = DEFAULT_DISPATCH,
-    dispatch_start: int = DEFAULT_DISPATCH_START,
-    dispatch_weight: ArrayLike | None = None,
-    ema_alpha: float = DEFAULT_EMA_ALPHA,
-    ema_prior_ns: float = DEFAULT_EMA_PRIOR_NS,
-    dvfs: Dvfs | None = None,
     trace_len: int = 0,
     max_ticks: int = MAX_TICKS,
     fast_forward: bool = True,
+    **config: object,
 ) -> Result:
     """Simulate one kernel launch, or a workload of several (`jaxsched.workload`: streams,
-    events, CUDA graphs; docs/model.md section 13), on one chip.
+    events, CUDA graphs; docs/model.md section 13), on one chip: `simulate(params)` with a
+    `jaxsched.Params`, or `simulate(arch, kernel, clocks, **config)`, which builds it with
+    `make_params` (keywords `warp_policy`, `dispatch`, `dispatch_start`, `dispatch_weight`,
+    `ema_alpha`, `ema_prior_ns`, `dvfs`).
 
     Warp policies `WARP_POLICIES` (lrr, gto, oldest); dispatch policies `DISPATCH_POLICIES`
     (the modules of `engine/dispatch_policies/`: hardware, ...; docs/model.md section 9).
@@ -272,28 +254,28 @@ def simulate(
     `trace_len` rows of the clock trace are kept. `fast_forward` jumps whole periods of an SM's
     recurring state (docs/model.md section 11); results are the same without it, bit for bit.
     """
-    clocks = clocks_mod.uniform(arch) if clocks is None else clocks
+    if isinstance(arch, Params):
+        check(kernel is None and clocks is None and not config, "simulate", "Params with other inputs",
+              "a Params alone, or arch, kernel, clocks and keywords")
+        p = arch
+    else:
+        p = make_params(arch, kernel, clocks, **config)
+    arch, kernel, clocks = p.arch, p.kernel, p.clocks
     if isinstance(kernel, Workload):
         kernel = prepare_workload(kernel, arch, clocks)
         shapes = workload_shapes(arch, kernel)
     else:
         validate(arch, kernel, clocks)
         shapes = shapes_for(arch, kernel)
-    given = (arch, kernel, clocks, warp_policy, dispatch, dispatch_start, dispatch_weight, ema_alpha, ema_prior_ns, dvfs)
-    shapes = dataclasses.replace(shapes, guarded=any(is_traced(x) for x in jax.tree.leaves(given)))
-    check(isinstance(dispatch_start, (int, np.integer)) and 0 <= dispatch_start < 2**31,
-          "dispatch_start", dispatch_start, "an integer in 0 .. 2^31 - 1")
-    wp = np.int32(policy_index(warp_policy, WARP_POLICIES, "warp_policy"))
-    dp = np.int32(policy_index(dispatch, DISPATCH_POLICIES, "dispatch"))
-    extra = _dispatch_inputs(arch, clocks, dispatch_weight, ema_alpha, ema_prior_ns)
-    dvfs = _dvfs_input(arch, dvfs)
+    shapes = dataclasses.replace(shapes, guarded=any(is_traced(x) for x in jax.tree.leaves(p)))
     ff = _fast_forward_in(fast_forward, None, [kernel])
-    shapes = dataclasses.replace(shapes, trace_len=_trace_len(trace_len), dvfs=any_dvfs(dvfs),
-                                 closed_loop=uses_closed_loop(dp), fast_forward=ff, free_sms=ff)
+    shapes = dataclasses.replace(shapes, trace_len=_trace_len(trace_len), dvfs=any_dvfs(p.dvfs),
+                                 closed_loop=uses_closed_loop(p.dispatch), fast_forward=ff, free_sms=ff)
     sized = compiled_shapes(shapes)
     with jax.enable_x64(True):
-        result = _compiled(unnamed(arch), compiled_input(kernel, sized), clocks, wp, dp, np.int32(dispatch_start),
-                           *extra, dvfs, shapes=sized, max_ticks=_max_ticks(max_ticks), batched=False)
+        result = _compiled(unnamed(arch), compiled_input(kernel, sized), clocks, p.warp_policy, p.dispatch,
+                           p.dispatch_start, p.dispatch_weight, p.ema_alpha, p.ema_prior_ns, p.dvfs, shapes=sized,
+                           max_ticks=_max_ticks(max_ticks), batched=False)
         result = jax.device_get(result)
     _check_done(result, max_ticks)
     return _trimmed(result, shapes.max_ctas)
@@ -336,12 +318,12 @@ def _int32s(values: ArrayLike, field: str, n: int, low: int = -(2**31)) -> np.nd
 
 
 def simulate_batch(
-    archs: Sequence[Arch],
-    kernels: Sequence[Kernel] | Sequence[Workload],
-    clocks: Sequence[Clocks],
-    warp_policy: ArrayLike,
-    dispatch: ArrayLike,
-    dispatch_start: ArrayLike,
+    archs: Sequence[Arch] | Params | Sequence[Params],
+    kernels: Sequence[Kernel] | Sequence[Workload] | None = None,
+    clocks: Sequence[Clocks] | None = None,
+    warp_policy: ArrayLike | None = None,
+    dispatch: ArrayLike | None = None,
+    dispatch_start: ArrayLike | None = None,
     *,
     dispatch_weight: Sequence[ArrayLike | None] | None = None,
     ema_alpha: ArrayLike = DEFAULT_EMA_ALPHA,
@@ -360,7 +342,9 @@ def simulate_batch(
     devices: Sequence | None = None,
     fast_forward: bool = True,
 ) -> Result:
-    """Simulate N configurations in one vmapped call (one compilation for equal static shapes).
+    """Simulate N configurations in one vmapped call (one compilation for equal static shapes):
+    `simulate_batch(js.stack(params))` (or a list of `Params`), or the configurations' parts as
+    below.
 
     Policies are integer arrays of length N (indices into `WARP_POLICIES`/`DISPATCH_POLICIES`);
     `dispatch_weight` is a list of per-SM weights (or None: the clocks), `ema_alpha` and
@@ -385,6 +369,18 @@ def simulate_batch(
     on the CPU one per core, `engine/devices.py`) share the batch, each running a contiguous
     slice of it. Results depend on neither, nor on `fast_forward` (as in `simulate`).
     """
+    if isinstance(archs, Params) or (isinstance(archs, (list, tuple)) and archs and isinstance(archs[0], Params)):
+        check(all(x is None for x in (kernels, clocks, warp_policy, dispatch, dispatch_start, dispatch_weight, dvfs)),
+              "simulate_batch", "Params with other inputs", "stacked Params (or a list of them) alone")
+        ps = _unstacked(archs)
+        archs, kernels, clocks = [p.arch for p in ps], [p.kernel for p in ps], [p.clocks for p in ps]
+        warp_policy, dispatch, dispatch_start = ([getattr(p, f) for p in ps]
+                                                 for f in ("warp_policy", "dispatch", "dispatch_start"))
+        dispatch_weight, dvfs = [p.dispatch_weight for p in ps], [p.dvfs for p in ps]
+        ema_alpha, ema_prior_ns = np.asarray([p.ema_alpha for p in ps]), np.asarray([p.ema_prior_ns for p in ps])
+    check(kernels is not None and clocks is not None and None not in (warp_policy, dispatch, dispatch_start),
+          "simulate_batch", "missing inputs", "stacked Params, or archs, kernels, clocks, warp_policy, dispatch and "
+          "dispatch_start")
     n = len(archs)
     check(len(kernels) == n and len(clocks) == n, "batch", (n, len(kernels), len(clocks)),
           "archs, kernels and clocks must have the same length")
@@ -395,7 +391,7 @@ def simulate_batch(
           "of launches (pad programs with make_kernel(pad_to=...))")
     dvfs_list = [None] * n if dvfs is None else list(dvfs)
     check(len(dvfs_list) == n, "dvfs", len(dvfs_list), f"one entry per configuration ({n})")
-    dvfs_stack = stack(_for_each(list(zip(archs, dvfs_list)), lambda i, ad: _dvfs_input(*ad)))
+    dvfs_stack = stack(_for_each(list(zip(archs, dvfs_list)), lambda i, ad: dvfs_input(*ad)))
     shapes = dataclasses.replace(shape_list[0],
                                  max_ctas=_padded("max_ctas", max_ctas, [s.max_ctas for s in shape_list], "grid",
                                                   2**31 - 1),
@@ -424,7 +420,7 @@ def simulate_batch(
     weights = [None] * n if dispatch_weight is None else list(dispatch_weight)
     alphas = np.broadcast_to(np.asarray(ema_alpha, dtype=np.float32), (n,))
     priors = np.broadcast_to(np.asarray(ema_prior_ns, dtype=np.float32), (n,))
-    extra = _for_each(list(zip(archs, clocks, weights, alphas, priors)), lambda i, x: _dispatch_inputs(*x))
+    extra = _for_each(list(zip(archs, clocks, weights, alphas, priors)), lambda i, x: dispatch_inputs(*x))
     extra = tuple(np.stack(col) for col in zip(*extra))
     sized = compiled_shapes(shapes)
     devices = default_devices() if devices is None else list(devices)
@@ -437,6 +433,17 @@ def simulate_batch(
         result = jax.device_get(result)
     _check_done(result, max_ticks)
     return _trimmed(result, shapes.max_ctas)
+
+
+def _unstacked(params: Params | Sequence[Params]) -> list[Params]:
+    """The configurations of stacked `Params` (a leading axis on every array), or of a list."""
+    if not isinstance(params, Params):
+        check(all(isinstance(p, Params) for p in params), "simulate_batch", "a list mixing Params and other inputs",
+              "a list of Params")
+        return list(params)
+    n = int(np.shape(params.warp_policy)[0]) if np.ndim(params.warp_policy) == 1 else 0
+    check(n >= 1, "simulate_batch", "unstacked Params", "js.stack([...]) of Params, or js.simulate for one")
+    return [jax.tree.map(lambda x, i=i: x[i], params) for i in range(n)]
 
 
 def _padded(field: str, given: int | None, sizes: list[int], what: str, most: int) -> int:
