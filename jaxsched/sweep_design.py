@@ -15,7 +15,7 @@ sample in each, and integer and categorical factors are balanced (every value is
 times, give or take less than 2). Both are deterministic given the seed (numpy's
 `default_rng(seed)` drives them).
 
-The spec table (`sweep.py` validates paths and values through `sweep_paths`):
+The spec table (`jaxsched.sweep` validates paths and values through `sweep_paths`):
 
     [design]
     kind = "lhs"              # or "random"

@@ -130,7 +130,7 @@ KERNEL_ALIASES = {
     "if_probability": "branch_if_probability",
 }
 # Out-of-range resources (threads > 1024, too many registers, ...) are not errors here: such a
-# point cannot launch and the sweep marks it infeasible (sweep.py).
+# point cannot launch and the sweep marks it infeasible (jaxsched.sweep).
 KERNEL = {
     "grid_ctas": _int32(1),
     "threads_per_cta": _int32(1),

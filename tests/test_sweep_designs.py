@@ -135,7 +135,7 @@ def test_bad_designs_fail_before_compute(monkeypatch, text, message):
     def no_compute(*args, **kwargs):
         raise AssertionError("simulate_batch called while validating")
 
-    monkeypatch.setattr(sweep, "simulate_batch", no_compute)
+    monkeypatch.setattr(sweep.execution, "simulate_batch", no_compute)
     with pytest.raises(js.JaxschedError, match=message):
         sweep.loads(text)
 
@@ -183,7 +183,7 @@ def test_dispatch_parameters_reach_the_engine(monkeypatch):
         seen.append((args, kwargs))
         raise Captured
 
-    monkeypatch.setattr(sweep, "simulate_batch", spy)
+    monkeypatch.setattr(sweep.execution, "simulate_batch", spy)
     for i in range(layout.n_chunks):
         configs = sweep.chunk_configs(spec, layout, i)
         if not configs:
