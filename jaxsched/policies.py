@@ -25,6 +25,16 @@ def _modules(package: ModuleType) -> dict[str, ModuleType]:
     return {mod.__name__.rsplit(".", 1)[1]: mod for mod in by_number}
 
 
+def engine_twins(package: str, path: list[str], names: tuple[str, ...]) -> dict[str, ModuleType]:
+    """The engine's policy modules of `package` (its `__path__`), one per reference twin in
+    `names`, in that order; a policy with only one twin is an error at import."""
+    found = {m.name for m in pkgutil.iter_modules(path)}
+    if found != set(names):
+        raise ImportError(f"{package} has {sorted(found)}, the reference's policies are {sorted(names)}: "
+                          "each policy needs both twins")
+    return {name: importlib.import_module(f"{package}.{name}") for name in names}
+
+
 WARP_MODULES = _modules(reference_warp)
 WARP_POLICIES = tuple(WARP_MODULES)
 DISPATCH_MODULES = _modules(reference_dispatch)

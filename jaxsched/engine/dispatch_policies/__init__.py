@@ -19,14 +19,12 @@ policy's score is computed and the configuration's is selected.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from typing import NamedTuple
 
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
-from ...policies import DISPATCH_POLICIES, ESTIMATE_DISPATCH
+from ...policies import DISPATCH_POLICIES, ESTIMATE_DISPATCH, engine_twins
 
 
 class View(NamedTuple):
@@ -43,15 +41,7 @@ class View(NamedTuple):
     freq_mhz: Int[Array, " sm"]  # each SM's clock now
 
 
-def _modules() -> dict:
-    found = {m.name for m in pkgutil.iter_modules(__path__)}
-    if found != set(DISPATCH_POLICIES):
-        raise ImportError(f"jaxsched/engine/dispatch_policies has {sorted(found)}, the reference's policies "
-                          f"are {sorted(DISPATCH_POLICIES)}: each policy needs both twins")
-    return {name: importlib.import_module(f".{name}", __name__) for name in DISPATCH_POLICIES}
-
-
-MODULES = _modules()
+MODULES = engine_twins(__name__, __path__, DISPATCH_POLICIES)
 ESTIMATE_POLICIES = tuple(DISPATCH_POLICIES.index(name) for name in ESTIMATE_DISPATCH)
 STATIC_POLICIES = tuple(i for i, m in enumerate(MODULES.values()) if m.STATIC)
 

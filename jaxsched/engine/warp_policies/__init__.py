@@ -10,18 +10,7 @@ scheduler. `cycle.select` computes the configuration's key (or, for a batch of o
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
-
-from ...policies import WARP_POLICIES
+from ...policies import WARP_POLICIES, engine_twins
 
 
-def _modules() -> dict:
-    found = {m.name for m in pkgutil.iter_modules(__path__)}
-    if found != set(WARP_POLICIES):
-        raise ImportError(f"jaxsched/engine/warp_policies has {sorted(found)}, the reference's policies "
-                          f"are {sorted(WARP_POLICIES)}: each policy needs both twins")
-    return {name: importlib.import_module(f".{name}", __name__) for name in WARP_POLICIES}
-
-
-MODULES = _modules()
+MODULES = engine_twins(__name__, __path__, WARP_POLICIES)
