@@ -43,8 +43,8 @@ def test_a_stack_of_params_equals_the_batch_of_parts():
     configs = [(1, "hardware", 0.25), (2, "closed_loop", 0.5), (3, "weighted", 0.25)]
     params = [js.make_params(ARCH, KERNEL, _clocks(s), dispatch=d, ema_alpha=a) for s, d, a in configs]
     stacked = js.simulate_batch(js.stack(params))
-    parts = js.simulate_batch([ARCH] * 3, [KERNEL] * 3, [_clocks(s) for s, _, _ in configs], [1] * 3,
-                              [js.DISPATCH_POLICIES.index(d) for _, d, _ in configs], [0] * 3,
+    parts = js.simulate_batch([ARCH] * 3, [KERNEL] * 3, [_clocks(s) for s, _, _ in configs], np.ones(3, int),
+                              np.asarray([js.DISPATCH_POLICIES.index(d) for _, d, _ in configs]), np.zeros(3, int),
                               ema_alpha=[a for _, _, a in configs])
     _same(stacked, parts)
     listed = js.simulate_batch(params)

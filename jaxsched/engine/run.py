@@ -378,7 +378,7 @@ def simulate_batch(
                                                  for f in ("warp_policy", "dispatch", "dispatch_start"))
         dispatch_weight, dvfs = [p.dispatch_weight for p in ps], [p.dvfs for p in ps]
         ema_alpha, ema_prior_ns = np.asarray([p.ema_alpha for p in ps]), np.asarray([p.ema_prior_ns for p in ps])
-    check(kernels is not None and clocks is not None and None not in (warp_policy, dispatch, dispatch_start),
+    check(all(x is not None for x in (kernels, clocks, warp_policy, dispatch, dispatch_start)),
           "simulate_batch", "missing inputs", "stacked Params, or archs, kernels, clocks, warp_policy, dispatch and "
           "dispatch_start")
     n = len(archs)
