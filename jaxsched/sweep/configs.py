@@ -1,5 +1,5 @@
 """Configurations: a point of a sweep and one replicate, turned into the engine's inputs
-(`Config`, `engine_config`, and `Config.params`, the `js.Params` the runner passes): the point's launch (`launched`: its kernel, or a workload of its
+(`Config`, `engine_config`): the point's launch (`launched`: its kernel, or a workload of its
 launches), the replicate's per-SM clock map (`clock_map`) and DVFS parameters (`dvfs_params`),
 drawn from the sweep's seed and the replicate (`REPLICATE_STRIDE`); and the configurations that
 run (those of feasible points) in C order (`point_configs`, `configurations`). This is where
@@ -20,7 +20,6 @@ from ..arch import Arch
 from ..dvfs import Dvfs
 from ..kernel import Kernel
 from ..lower import DISPATCH_POLICIES, WARP_POLICIES
-from ..params import Params, make_params
 from ..sweep_paths import Point
 from ..workload import OVERHEAD_FIELDS, Workload, make_workload
 
@@ -45,12 +44,6 @@ class Config(NamedTuple):
     ema_alpha: float
     ema_prior_ns: float
     dvfs: Dvfs
-
-    def params(self) -> Params:
-        """This configuration as the engine takes it (`js.Params`, checked, defaults resolved)."""
-        return make_params(self.arch, self.kernel, self.clocks, warp_policy=self.warp_policy, dispatch=self.dispatch,
-                           dispatch_start=self.dispatch_start, dispatch_weight=self.dispatch_weight,
-                           ema_alpha=self.ema_alpha, ema_prior_ns=self.ema_prior_ns, dvfs=self.dvfs)
 
 
 def engine_config(sweep: Sweep, point: Point, index: tuple[int, ...], replicate: int) -> Config:

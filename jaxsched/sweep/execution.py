@@ -91,9 +91,14 @@ class Runner:
     def __call__(self, configs: list[Config], batch: int) -> Result:
         n = len(configs)
         padded = configs + configs[-1:] * (batch - n)
-        result = simulate_batch([c.params() for c in padded], dvfs_step=self.dvfs_step,
-                                closed_loop_step=self.closed_loop_step, cta_slots=self.cta_slots,
-                                max_ctas=self.max_ctas, devices=self.devices, fast_forward_step=self.fast_forward_step)
+        col = {name: [getattr(c, name) for c in padded] for name in Config._fields}
+        args = [col[name] for name in ("arch", "kernel", "clocks", "warp_policy", "dispatch", "dispatch_start")]
+        kwargs = dict(dispatch_weight=col["dispatch_weight"], ema_alpha=np.asarray(col["ema_alpha"]),
+                      ema_prior_ns=np.asarray(col["ema_prior_ns"]), dvfs=col["dvfs"],
+                      dvfs_step=self.dvfs_step, closed_loop_step=self.closed_loop_step,
+                      cta_slots=self.cta_slots, max_ctas=self.max_ctas, devices=self.devices,
+                      fast_forward_step=self.fast_forward_step)
+        result = simulate_batch(*args, **kwargs)
         return jax.tree.map(lambda x: x[:n], result)
 
 
