@@ -55,8 +55,9 @@ def scores(v: View, policy: Int[Array, ""], with_estimates: bool) -> Int[Array, 
     """The score of the configuration's `policy`. Without `with_estimates` (no configuration
     dispatches by a policy that reads the closed loop's estimates) those policies' scores are
     not computed and `v.est` is not read."""
-    numbers = [i for i in range(len(MODULES)) if with_estimates or i not in ESTIMATE_POLICIES]
-    candidates = [list(MODULES.values())[i].score(v) for i in numbers]
+    modules = list(MODULES.values())
+    numbers = [i for i in range(len(modules)) if with_estimates or i not in ESTIMATE_POLICIES]
+    candidates = [modules[i].score(v) for i in numbers]
     last = candidates.pop()  # the default
     return jnp.select([policy == i for i in numbers[:-1]], candidates, last)
 
