@@ -10,9 +10,15 @@ of that slot bound and the issue-slot bound (`issue_bound.issue_ns`: the kernel'
 and the launch credit its refills need, over the schedulers' issue cycles; docs/bounds.md
 section 7), whose demand is counted from the first uniform run.
 
-A last table gives each policy's share of hardware dispatch's loss that it wins back
+A table gives each policy's share of hardware dispatch's loss that it wins back
 (`bounds.recovered`, median over the chips), against the clairvoyant schedule and against the
-uniform chip at each chip's mean clock (`bounds.uniform_chip`, from the same two runs).
+uniform chip at each chip's mean clock (`bounds.uniform_chip`, from the same two runs); the last
+one, per policy, the mean share against the clairvoyant schedule, the share of chips on which
+it beats hardware dispatch, and its change against hardware dispatch on the uniform chip
+(sigma 0): issue 35's acceptance test.
+
+A sweep with a `kernel.grid` dimension beside `kernel.variant` (sweeps/dispatch_recovery.toml)
+is reported per variant and grid.
 
     python experiments/die_scaling_report.py OUT|reduced.nc [--png docs/img/die_scaling.png]
         [--spec sweeps/die_scaling_ms.toml]
@@ -44,12 +50,26 @@ def uniform_runs(arch: js.Arch, kernel: js.Kernel) -> list[js.Result]:
     return [js.simulate(arch, kernel, js.clocks.uniform(arch, ghz)) for ghz in (1.98, 1.188)]
 
 
-def oracle_bounds(ds, arch: js.Arch, kernel: js.Kernel, runs: list[js.Result], variant: str) -> bounds.Bounds:
-    """Fluid lower bound and clairvoyant schedules (ns) of every configuration of `variant`
-    [dispatch, sigma, replicate], from the kernel's two `uniform_runs`."""
+def cases(ds, spec: sweep.Sweep) -> list[tuple[str, dict, js.Kernel]]:
+    """(label, selection, kernel) of each kernel the sweep ran: per variant, and per grid where
+    `kernel.grid` is swept too."""
+    variants = spec.base[sweep.sweep_paths.VARIANTS]
+    out = []
+    for variant in (str(v) for v in ds.kernel_variant.values):
+        if "kernel_grid" in ds.dims:
+            out += [(f"{variant}, {int(g)} CTAs", {"kernel_variant": variant, "kernel_grid": g},
+                     variants[variant].replace(grid_ctas=np.asarray(int(g), np.int32))) for g in ds.kernel_grid.values]
+        else:
+            out.append((variant, {"kernel_variant": variant}, variants[variant]))
+    return out
+
+
+def oracle_bounds(ds, arch: js.Arch, kernel: js.Kernel, runs: list[js.Result], where: dict) -> bounds.Bounds:
+    """Fluid lower bound and clairvoyant schedules (ns) of every configuration of the case
+    `where` [dispatch, sigma, replicate], from the kernel's two `uniform_runs`."""
     work = bounds.work_from_uniform(*runs)
     demand = issue_bound.issue_demand(runs[0], arch, kernel)
-    mhz = np.asarray(ds.sm_freq_mhz.sel(kernel_variant=variant), dtype=np.float32)
+    mhz = np.asarray(ds.sm_freq_mhz.sel(where), dtype=np.float32)
     full = np.zeros(mhz.shape[:-1] + (arch.n_sm_slots,), np.float32)
     full[..., : mhz.shape[-1]] = mhz  # enabled SMs are the first slots
     flat = full.reshape(-1, arch.n_sm_slots)
@@ -60,41 +80,64 @@ def oracle_bounds(ds, arch: js.Arch, kernel: js.Kernel, runs: list[js.Result], v
     return jax.tree.map(lambda b: np.asarray(b).reshape(mhz.shape[:-1]), out)
 
 
-def paired_table(ds, sigmas: list[float]) -> str:
-    """Closed loop against hardware dispatch on the same chips (common random numbers): mean and
-    worst per-chip change of the makespan, and the share of chips where the closed loop wins."""
-    rows = ["| kernel | " + " | ".join(f"σ = {s:g}" for s in sigmas) + " |", "|---|" + "---|" * len(sigmas)]
-    for variant in ds.kernel_variant.values:
-        make = ds.makespan_ns.sel(kernel_variant=variant)
-        change = np.asarray(make.sel(policy_dispatch="closed_loop") / make.sel(policy_dispatch="hardware") - 1.0)
-        cells = [f"{100 * c.mean():+.1f} % (worst {100 * c.max():+.1f} %, wins {100 * np.mean(c < 0):.0f} %)"
-                 for c in change]
-        rows.append(f"| {variant} | " + " | ".join(cells) + " |")
+def paired_table(ds, sigmas: list[float], where: list[tuple[str, dict]]) -> str:
+    """Each policy against hardware dispatch on the same chips (common random numbers): mean and
+    worst per-chip change of the makespan, and the share of chips where the policy wins."""
+    rows = ["| kernel | policy | " + " | ".join(f"σ = {s:g}" for s in sigmas) + " |",
+            "|---|---|" + "---|" * len(sigmas)]
+    for label, sel in where:
+        make = ds.makespan_ns.sel(sel)
+        for policy in (p for p in ds.policy_dispatch.values if p != "hardware"):
+            change = np.asarray(make.sel(policy_dispatch=policy) / make.sel(policy_dispatch="hardware") - 1.0)
+            cells = [f"{100 * c.mean():+.1f} % (worst {100 * c.max():+.1f} %, wins {100 * np.mean(c < 0):.0f} %)"
+                     for c in change]
+            rows.append(f"| {label} | {policy} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
-def recovered_table(ds, sigmas: list[float], references: dict[str, dict[str, np.ndarray]]) -> str:
+def _shares(ds, sel: dict, policy: str, reference: np.ndarray) -> np.ndarray:
+    """[sigma, replicate] recovered shares of `policy` against `reference` [dispatch, sigma,
+    replicate]."""
+    make = ds.makespan_ns.sel(sel)
+    index = list(ds.policy_dispatch.values).index(policy)
+    return bounds.recovered(np.asarray(make.sel(policy_dispatch="hardware")),
+                            np.asarray(make.sel(policy_dispatch=policy)), reference[index])
+
+
+def recovered_table(ds, sigmas: list[float], where: list[tuple[str, dict]],
+                    references: dict[str, dict[str, np.ndarray]]) -> str:
     """Per kernel, policy and spread: the median share of hardware dispatch's loss a policy wins
-    back against each reference (`references[variant][name]`: ns per [dispatch, sigma,
+    back against each reference (`references[label][name]`: ns per [dispatch, sigma,
     replicate]); no share at a spread where hardware dispatch loses nothing."""
     names = list(next(iter(references.values())))
     rows = ["| kernel | policy | " + " | ".join(f"σ = {s:g}" for s in sigmas if s > 0) + " |",
             "|---|---|" + "---|" * sum(s > 0 for s in sigmas)]
-    for variant in ds.kernel_variant.values:
-        make = ds.makespan_ns.sel(kernel_variant=variant)
+    for label, sel in where:
+        for policy in (p for p in ds.policy_dispatch.values if p != "hardware"):
+            shares = [np.nanmedian(_shares(ds, sel, policy, references[label][n]), axis=-1) for n in names]
+            cells = [" / ".join(f"{100 * x[j]:.0f} %" for x in shares) for j, s in enumerate(sigmas) if s > 0]
+            rows.append(f"| {label} | {policy} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def acceptance_table(ds, sigmas: list[float], where: list[tuple[str, dict]],
+                     references: dict[str, dict[str, np.ndarray]]) -> str:
+    """Per kernel and policy: at each spread the mean recovered share against the clairvoyant
+    schedule and the share of chips faster than hardware dispatch; at sigma 0 the change against
+    hardware dispatch (every replicate is the same uniform chip)."""
+    spread = [(j, s) for j, s in enumerate(sigmas) if s > 0]
+    uniform = [j for j, s in enumerate(sigmas) if s == 0]
+    rows = ["| kernel | policy | " + " | ".join(f"σ = {s:g}: recovered, faster" for _, s in spread)
+            + (" | uniform chip |" if uniform else " |"), "|---|---|" + "---|" * (len(spread) + bool(uniform))]
+    for label, sel in where:
+        make = ds.makespan_ns.sel(sel)
         hw = np.asarray(make.sel(policy_dispatch="hardware"))
-        for policy in ds.policy_dispatch.values:
-            if policy == "hardware":
-                continue
+        for policy in (p for p in ds.policy_dispatch.values if p != "hardware"):
             mine = np.asarray(make.sel(policy_dispatch=policy))
-            index = list(ds.policy_dispatch.values).index(policy)
-            cells = []
-            for j, sigma in enumerate(sigmas):
-                if sigma > 0:
-                    shares = [np.nanmedian(bounds.recovered(hw[j], mine[j], references[variant][n][index, j]))
-                              for n in names]
-                    cells.append(" / ".join(f"{100 * x:.0f} %" for x in shares))
-            rows.append(f"| {variant} | {policy} | " + " | ".join(cells) + " |")
+            shares = _shares(ds, sel, policy, references[label]["clairvoyant"])
+            cells = [f"{100 * np.nanmean(shares[j]):.0f} %, {100 * np.mean(mine[j] < hw[j]):.0f} %" for j, _ in spread]
+            cells += [f"{100 * np.mean(mine[j] / hw[j] - 1):+.2f} %" for j in uniform]
+            rows.append(f"| {label} | {policy} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
 
@@ -107,23 +150,22 @@ def main() -> None:
     ds = xr.open_dataset(args.out, engine="h5netcdf") if args.out.endswith(".nc") else sweep.open_result(args.out)
     spec = sweep.load(args.spec)
     arch = spec.arch
-    variants = list(ds.kernel_variant.values)
+    where = cases(ds, spec)
     policies = list(ds.policy_dispatch.values)
     sigmas = [float(s) for s in ds.clocks_sigma.values]
-    fig, axes = plt.subplots(1, len(variants), figsize=(5 * len(variants), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(where), figsize=(5 * len(where), 4), squeeze=False)
     references: dict[str, dict[str, np.ndarray]] = {}
     print("Median makespan (median gap to the fluid bound; to the clairvoyant schedule)")
     print("| kernel | policy | " + " | ".join(f"σ = {s:g}" for s in sigmas) + " |")
     print("|---|---|" + "---|" * len(sigmas))
-    for ax, variant in zip(axes[0], variants):
-        kernel = spec.base[sweep.sweep_paths.VARIANTS][variant]
+    for ax, (variant, sel, kernel) in zip(axes[0], where):
         runs = uniform_runs(arch, kernel)
-        oracle = oracle_bounds(ds, arch, kernel, runs, variant)
-        mean_mhz = np.asarray(ds.sm_freq_mhz.sel(kernel_variant=variant), np.float64).mean(axis=-1)
+        oracle = oracle_bounds(ds, arch, kernel, runs, sel)
+        mean_mhz = np.asarray(ds.sm_freq_mhz.sel(sel), np.float64).mean(axis=-1)
         references[variant] = {"clairvoyant": oracle.clairvoyant_ns,
                                "uniform chip": np.asarray(bounds.uniform_chip(*runs).makespan_ns(mean_mhz))}
         fluid = oracle.fluid_ns
-        make = np.asarray(ds.makespan_ns.sel(kernel_variant=variant))  # [dispatch, sigma, replicate]
+        make = np.asarray(ds.makespan_ns.sel(sel))  # [dispatch, sigma, replicate]
         gap = make / fluid - 1.0
         gap_cv = make / oracle.clairvoyant_ns - 1.0
         for i, policy in enumerate(policies):
@@ -138,12 +180,17 @@ def main() -> None:
         ax.set_title(variant)
         ax.set_xlabel("per-SM clock spread σ")
         ax.set_ylabel("makespan (µs), median and IQR")
+    labels = [(label, sel) for label, sel, _ in where]
     print()
-    print(paired_table(ds, sigmas))
+    print(paired_table(ds, sigmas, labels))
     print()
     print("Share of hardware dispatch's loss won back (median over chips): against the clairvoyant "
           "schedule / the uniform chip at the chip's mean clock")
-    print(recovered_table(ds, sigmas, references))
+    print(recovered_table(ds, sigmas, labels, references))
+    print()
+    print("Mean share of hardware dispatch's gap to the clairvoyant schedule won back, share of chips "
+          "faster than hardware dispatch; change against hardware dispatch on the uniform chip")
+    print(acceptance_table(ds, sigmas, labels, references))
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
     if args.png:

@@ -42,6 +42,7 @@ import jaxsched as js
 from jaxsched import surrogate as sg
 from jaxsched import trace
 from jaxsched.surrogate import dispatch_fit, dispatch_spec, speeds
+from jaxsched.policies import DEFAULT_HOLD_MARGIN
 
 ARCH = js.presets.get("h200")  # `--arch` replaces it (a preset name or an arch TOML)
 COMPUTE = "loop 64\n fma dep\nend"
@@ -184,8 +185,8 @@ def gradient_section(args) -> dict:
         for policy in ("weighted", "closed_loop"):
             def fn(mhz, weight, alpha, prior, policy=policy):
                 moved = dataclasses.replace(launch, sm_freq_mhz=mhz)
-                return sg.schedule(moved, sg.DispatchParams(weight, alpha, prior), 0.05, policy=policy,
-                                   max_slots=8).makespan_ns
+                params = sg.DispatchParams(weight, alpha, prior, jnp.float64(DEFAULT_HOLD_MARGIN))
+                return sg.schedule(moved, params, 0.05, policy=policy, max_slots=8).makespan_ns
 
             # distinct priors: equal ones tie every SM at the start, a kink at exactly that point
             args0 = [f64, f64, jnp.float64(0.25), 300.0 + 0.37 * jnp.arange(f64.shape[0], dtype=jnp.float64)]

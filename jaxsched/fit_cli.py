@@ -4,7 +4,8 @@
         per-SM clocks of every trace (one vmapped fit per chip) -> OUT/speeds.nc, OUT/speeds.png
     jaxsched fit dispatch SPEC -o OUT
         dispatch parameters fitted through the surrogate, evaluated in the exact engine on
-        held-out clock maps -> OUT/dispatch.nc, OUT/dispatch.png
+        held-out clock maps -> OUT/dispatch.nc, OUT/dispatch.png, and OUT/policy_FAMILY.toml for
+        each fitted family a sweep can run (`[policy] dispatch = "fitted"`, jaxsched.fitted_policy)
 
 The scale of the fitted clocks comes from the traces' clock64() readings when they have them;
 else from `--reference` traces of the same kernel on chips of known clocks; else, for
@@ -117,6 +118,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     ds.to_netcdf(out / "dispatch.nc", engine="h5netcdf")
     png = plots.dispatch(ds, out / "dispatch.png")
     print(f"wrote {out / 'dispatch.nc'} and {png}")
+    for fam, text in dispatch_spec.policy_files(ds).items():
+        (out / f"policy_{fam}.toml").write_text(text)
+        print(f"wrote {out / f'policy_{fam}.toml'}: [policy] dispatch = \"fitted\", fitted = that file, in a sweep")
     for fam in ds["family"].values:
         params = ", ".join(f"{str(v).removeprefix(f'{fam}_')} {float(ds[v].values[0]):.4g}"
                            for v in ds.data_vars if str(v).startswith(f"{fam}_"))

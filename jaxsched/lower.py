@@ -25,7 +25,7 @@ from .errors import INT32_MAX, INT32_MIN, JaxschedError, check, check_floats, ch
 from .isa import Op
 from .kernel import WAIT_BITS, Kernel, data_rows, validate_kernel
 from .occupancy import REG_SHARE_ONE, check_launch, occupancy
-from .policies import DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DISPATCH_POLICIES, WARP_POLICIES
+from .policies import DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN, DISPATCH_POLICIES, WARP_POLICIES
 
 QUEUE_ONE_TICK = 1024  # memory-queue backlog is kept in 1/1024 of a tick
 BRANCH_HASH_ONE = 1 << 24  # branch lane draws compare 24-bit hashes against p * 2^24
@@ -82,6 +82,7 @@ class Launch(eqx.Module):
     dispatch_weight: Int[Array, " sm"]  # weighted policy: integer weight per SM, 0 if floorswept
     ema_alpha_256: Int[Array, ""]  # closed-loop smoothing, 0..256
     ema_prior_ticks: Int[Array, ""]  # closed-loop initial estimate of a CTA's duration
+    hold_margin_256: Int[Array, ""]  # closed-loop hold margin, a share of the estimate in 1/256, 0..256
     # per instruction
     op: Int[Array, " instr"]
     waits: Int[Array, " instr"]  # dependence slots it waits for (bits per kind of result; a bare `dep`: every slot)
@@ -207,7 +208,7 @@ def validate(arch: Arch, kernel: Kernel, clocks: Clocks) -> None:
               "(cudaErrorCooperativeLaunchTooLarge)")
 
 
-def validate_dispatch(arch: Arch, weights: object, ema_alpha: float, ema_prior_ns: float) -> None:
+def validate_dispatch(arch: Arch, weights: object, ema_alpha: float, ema_prior_ns: float, hold_margin: float) -> None:
     """Raise `JaxschedError` for bad dispatch parameters (concrete inputs only). `weights` has
     one integer per SM slot (`clocks.per_slot`: per enabled SM is expanded before this)."""
     if weights is not None:
@@ -220,6 +221,7 @@ def validate_dispatch(arch: Arch, weights: object, ema_alpha: float, ema_prior_n
                      "every enabled SM needs a weight in 1 .. 32768", rank=1)
     check_floats(ema_alpha, "ema_alpha", 0.0, 1.0, "a smoothing factor in [0, 1]")
     check_floats(ema_prior_ns, "ema_prior_ns", 0.0, 1e8, "in [0, 1e8] ns")
+    check_floats(hold_margin, "hold_margin", 0.0, 1.0, "a share of the estimate in [0, 1]")
 
 
 def _round_i32(x: Array) -> Array:
@@ -243,6 +245,7 @@ def _lower(
     dispatch_weight: Int[Array, " sm"] | None = None,
     ema_alpha: Float[Array, ""] | float = DEFAULT_EMA_ALPHA,
     ema_prior_ns: Float[Array, ""] | float = DEFAULT_EMA_PRIOR_NS,
+    hold_margin: Float[Array, ""] | float = DEFAULT_HOLD_MARGIN,
     dvfs: Dvfs | None = None,
 ) -> Launch:
     """Convert one configuration to engine units. Traceable; call `validate` first when concrete.
@@ -306,6 +309,7 @@ def _lower(
         dispatch_weight=jnp.where(enabled, freq if dispatch_weight is None else i32(dispatch_weight), 0),
         ema_alpha_256=_round_i32(jnp.asarray(ema_alpha, jnp.float64) * 256.0),
         ema_prior_ticks=ns_to_ticks(ema_prior_ns, tick_mhz),
+        hold_margin_256=_round_i32(jnp.asarray(hold_margin, jnp.float64) * 256.0),
         op=op,
         waits=jnp.where(jnp.asarray(kernel.dep), (1 << WAIT_BITS) - 1, i32(kernel.waits)),
         writes=i32(kernel.writes),

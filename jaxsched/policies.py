@@ -48,3 +48,8 @@ DEFAULT_DISPATCH = "hardware"
 DEFAULT_DISPATCH_START = 0  # no rotation of the hardware SM order
 DEFAULT_EMA_ALPHA = 0.25  # closed loop: weight of the newest CTA duration in the per-SM estimate
 DEFAULT_EMA_PRIOR_NS = 0.0  # closed loop: the estimate before an SM's first CTA ends
+# closed loop: a CTA is held for a slot expected to finish it earlier by this share of its estimate
+DEFAULT_HOLD_MARGIN = 0.125
+# A sweep's dispatch value that runs the policy of a file `jaxsched fit dispatch` wrote
+# (`jaxsched.fitted_policy`), rather than a policy of the engines.
+FITTED_DISPATCH = "fitted"

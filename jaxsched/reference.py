@@ -55,7 +55,8 @@ from .errors import check
 from .isa import Op
 from .kernel import FIXED, MAX_DEP_SLOTS, MEMORY, MIO
 from .occupancy import REG_SHARE_ONE
-from .policies import (DEFAULT_DISPATCH, DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_WARP_POLICY,
+from .policies import (DEFAULT_DISPATCH, DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN,
+                       DEFAULT_WARP_POLICY,
                        DISPATCH_MODULES, DISPATCH_POLICIES, WARP_MODULES, WARP_POLICIES)
 
 MASK32 = 0xFFFFFFFF
@@ -80,7 +81,7 @@ ELIGIBLE = -1  # "no block" marker used while classifying warps
 PIPE_OPS = (Op.FMA, Op.ALU, Op.SFU)  # ops with a per-scheduler math pipe; pipe index = op value
 MIO_OPS = (Op.LDS, Op.SHFL, Op.LDG)
 
-EMA_ONE = 256  # closed-loop smoothing a = ema_alpha_256 is in 1/256
+EMA_ONE = 256  # closed-loop smoothing (ema_alpha_256) and hold margin (hold_margin_256) are in 1/256
 
 
 # --- section 4: counter-based hashes -----------------------------------------------------------
@@ -565,7 +566,7 @@ def dvfs_off_outputs(n_sm: int, trace_len: int) -> dict:
 # launch has its own CTA shape: section 13).
 SHARED_FIELDS = ("tick_mhz", "sm_freq_mhz", "sm_enabled", "dispatch_rank", "mio_depth", "warp_policy",
                  "dispatch_policy",
-                 "dispatch_weight", "ema_alpha_256", "ema_prior_ticks", "cta_launch_ticks",
+                 "dispatch_weight", "ema_alpha_256", "ema_prior_ticks", "hold_margin_256", "cta_launch_ticks",
                  "taken_branch_cycles", "launch_idle_cycles")
 
 
@@ -679,6 +680,9 @@ class _Sim:
         self.ema_alpha_256 = int(first.ema_alpha_256)
         if not 0 <= self.ema_alpha_256 <= EMA_ONE:
             raise ValueError(f"ema_alpha_256 = {self.ema_alpha_256} outside 0..{EMA_ONE}")
+        self.hold_margin_256 = int(first.hold_margin_256)
+        if not 0 <= self.hold_margin_256 <= EMA_ONE:
+            raise ValueError(f"hold_margin_256 = {self.hold_margin_256} outside 0..{EMA_ONE}")
         self.cta_launch_ticks = int(first.cta_launch_ticks)
         if self.cta_launch_ticks < 0:
             raise ValueError(f"cta_launch_ticks = {self.cta_launch_ticks} < 0")
@@ -1256,6 +1260,7 @@ def simulate(
     dispatch_weight=None,
     ema_alpha: float = DEFAULT_EMA_ALPHA,
     ema_prior_ns: float = DEFAULT_EMA_PRIOR_NS,
+    hold_margin: float = DEFAULT_HOLD_MARGIN,
     max_ticks: int = 10**7,
     dispatch_trace: bool = False,
     dvfs=None,
@@ -1267,8 +1272,8 @@ def simulate(
     `kernel` is a `Kernel` (one launch, no launch overhead) or a `jaxsched.workload.Workload`
     (section 13: every launch's kernel is lowered on its own with the same chip, clocks,
     policies and DVFS, so they share the tick rate). `dispatch_weight` ([n_sm] integers,
-    default each SM's clock in MHz), `ema_alpha` and `ema_prior_ns` parameterise the weighted
-    and closed-loop dispatch policies (model.md sections 3 and 9). `dvfs` (a
+    default each SM's clock in MHz), `ema_alpha`, `ema_prior_ns` and `hold_margin` parameterise
+    the weighted and closed-loop dispatch policies (model.md sections 3 and 9). `dvfs` (a
     `jaxsched.dvfs.Dvfs`, default static clocks) turns on section 12, with `clocks` as the
     static map `cap_s`; `trace_len` is the number of trace rows.
     Returns `simulate_workload`'s arrays plus `makespan_ns = makespan_ticks * 1000 / F` and
@@ -1288,7 +1293,7 @@ def simulate(
         workload_mod.validate_structure(kernel)
     for one in kernels:
         lower_mod.validate(arch, one, clocks)
-    lower_mod.validate_dispatch(arch, dispatch_weight, ema_alpha, ema_prior_ns)
+    lower_mod.validate_dispatch(arch, dispatch_weight, ema_alpha, ema_prior_ns, hold_margin)
     if dvfs is not None:
         dvfs_mod.validate_dvfs(dvfs)
     check(isinstance(trace_len, (int, np.integer)) and 0 <= trace_len <= dvfs_mod.MAX_TRACE_ROWS, "trace_len",
@@ -1297,7 +1302,7 @@ def simulate(
     dp = lower_mod.policy_index(dispatch, lower_mod.DISPATCH_POLICIES, "dispatch")
     launches = [lower_mod.to_numpy(lower_mod.lower(
         arch, one, clocks, wp, dp, dispatch_start, dispatch_weight=dispatch_weight,
-        ema_alpha=ema_alpha, ema_prior_ns=ema_prior_ns, dvfs=dvfs)) for one in kernels]
+        ema_alpha=ema_alpha, ema_prior_ns=ema_prior_ns, hold_margin=hold_margin, dvfs=dvfs)) for one in kernels]
     tick_mhz = int(launches[0].tick_mhz)
     shapes = dataclasses.replace(lower_mod.shapes_for(arch, kernels[0]), trace_len=int(trace_len),
                                  n_instr=max(one.n_instr for one in kernels),

@@ -32,7 +32,8 @@ from .arch import Arch
 from .errors import INT32_MAX, JaxschedError, check
 from .kernel import Kernel
 from .lower import DISPATCH_POLICIES, WARP_POLICIES
-from .policies import DEFAULT_DISPATCH, DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_WARP_POLICY
+from .policies import (DEFAULT_DISPATCH, DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS,
+                       DEFAULT_HOLD_MARGIN, DEFAULT_WARP_POLICY, FITTED_DISPATCH)
 
 Point = Mapping[str, object]  # group -> Arch | Kernel | dict of a table group
 
@@ -287,15 +288,18 @@ CLOCK_MODELS = ("gaussian", "variation")
 GROUPS: dict[str, TableGroup | PytreeGroup] = {
     "policy": TableGroup(
         {"warp": Param("choice", choices=WARP_POLICIES),
-         "dispatch": Param("choice", choices=DISPATCH_POLICIES),
+         "dispatch": Param("choice", choices=(*DISPATCH_POLICIES, FITTED_DISPATCH)),  # fitted: [policy] fitted
          "dispatch_start": _int32(),
          # weighted dispatch: per-SM weights = the SM clocks in MHz, or all equal
          "weights": Param("choice", choices=WEIGHTS),
          # closed-loop dispatch: EMA smoothing factor and initial CTA-duration estimate
          "ema_alpha": Param("float", 0.0, 1.0),
-         "ema_prior_ns": Param("float", 0.0, 1e8, high_open=True)},
+         "ema_prior_ns": Param("float", 0.0, 1e8, high_open=True),
+         # closed-loop dispatch: the tail hold's margin, a share of the CTA-duration estimate
+         "hold_margin": Param("float", 0.0, 1.0)},
         lambda arch: {"warp": DEFAULT_WARP_POLICY, "dispatch": DEFAULT_DISPATCH, "dispatch_start": DEFAULT_DISPATCH_START,
-                      "weights": "clocks", "ema_alpha": DEFAULT_EMA_ALPHA, "ema_prior_ns": DEFAULT_EMA_PRIOR_NS}),
+                      "weights": "clocks", "ema_alpha": DEFAULT_EMA_ALPHA, "ema_prior_ns": DEFAULT_EMA_PRIOR_NS,
+                      "hold_margin": DEFAULT_HOLD_MARGIN}),
     "clocks": TableGroup(
         {"model": Param("choice", choices=CLOCK_MODELS),
          "mean_ghz": Param("float", 0.0, low_open=True),

@@ -11,7 +11,7 @@ import xarray as xr
 from helpers import small_arch
 
 import jaxsched as js
-from jaxsched import archio, trace
+from jaxsched import archio, fitted_policy, sweep, trace
 from jaxsched import surrogate as sg
 from jaxsched.cli import main
 from jaxsched.surrogate import dispatch_fit, dispatch_spec, speeds
@@ -139,6 +139,12 @@ def test_engine_inputs_of_the_learned_families():
     np.testing.assert_allclose(w[on], np.rint(1000 * ratio**2))
     cl = dispatch_fit.engine_inputs("closed_loop", {"alpha_logit": 0.0, "log_prior": np.log(2.0)}, ARCH, mhz, 500.0)
     assert cl == {"dispatch": "closed_loop", "ema_alpha": 0.5, "ema_prior_ns": pytest.approx(1000.0)}
+    tail = dispatch_fit.engine_inputs("closed_loop_tail", {"alpha_logit": 0.0, "margin_logit": np.log(1 / 3)}, ARCH,
+                                      mhz, 500.0)
+    assert tail == {"dispatch": "closed_loop", "ema_alpha": 0.5, "ema_prior_ns": 0.0, "hold_margin": pytest.approx(0.25)}
+    start = {k: float(v[0]) for k, v in dispatch_fit.initial_theta("closed_loop_tail").items()}
+    assert dispatch_fit.portable_inputs("closed_loop_tail", start)["hold_margin"] == pytest.approx(
+        js.policies.DEFAULT_HOLD_MARGIN)  # the fit starts from the engine's default closed loop
 
 
 def test_per_sm_inputs_per_enabled_sm():
@@ -194,12 +200,20 @@ def test_dispatch_spec_errors_name_the_field(tmp_path, old, new, field):
 
 @pytest.mark.slow
 def test_fit_dispatch_command(tmp_path, capsys):
+    """The command fits, evaluates on held-out chips and writes the policy file of the portable
+    family, which a sweep then runs as `dispatch = "fitted"`: bit for bit what the evaluation ran."""
     (tmp_path / "small.toml").write_text(archio.dumps(ARCH))
-    (tmp_path / "spec.toml").write_text(SPEC)
+    (tmp_path / "spec.toml").write_text(SPEC.replace('"closed_loop"]', '"closed_loop_tail"]'))
     assert main(["fit", "dispatch", str(tmp_path / "spec.toml"), "-o", str(tmp_path / "out")]) == 0
     ds = xr.open_dataset(tmp_path / "out" / "dispatch.nc", engine="h5netcdf")
     assert list(ds["policy"].values) == ["hardware", "weighted_clocks", "closed_loop_default", "weighted_fit",
-                                         "closed_loop_fit"]
+                                         "closed_loop_tail_fit"]
+    policy = fitted_policy.load(tmp_path / "out" / "policy_closed_loop_tail.toml")
+    assert not (tmp_path / "out" / "policy_weighted.toml").exists()  # its weights depend on the chip
+    spec = dispatch_spec.load(tmp_path / "spec.toml")
+    (kernel,), clk = spec.kernels, sweep.clock_map(spec.arch, spec.clocks, spec.map_seed(0, test=True))
+    run = js.simulate(spec.arch, kernel, clk, warp_policy=spec.warp_policy, dispatch=policy.dispatch, **policy.values)
+    assert float(run.makespan_ns) == float(ds["makespan_ns"].sel(policy="closed_loop_tail_fit").values[0, 0])
     assert ds.sizes["step"] == 2 and np.isfinite(ds["makespan_ns"].values).all()
     assert (ds["gap_fluid"].values >= 0).all()  # every policy, learned or not, above the fluid bound
     np.testing.assert_array_equal(ds["fluid_ns"], np.maximum(ds["fluid_slot_ns"], ds["fluid_issue_ns"]))

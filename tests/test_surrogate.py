@@ -115,9 +115,9 @@ def test_soft_choice_gives_exact_ties_to_the_first_entry():
 def _makespan_fn(work, policy, temperature):
     launch = sg.make_launch(ARCH, KERNEL, _mhz(2), work)
 
-    def fn(mhz, weight, alpha, prior):
+    def fn(mhz, weight, alpha, prior, margin):
         moved = dataclasses.replace(launch, sm_freq_mhz=mhz)
-        return sg.schedule(moved, sg.DispatchParams(weight, alpha, prior), temperature, policy=policy,
+        return sg.schedule(moved, sg.DispatchParams(weight, alpha, prior, margin), temperature, policy=policy,
                            max_slots=SLOTS).makespan_ns
 
     return fn, launch
@@ -129,10 +129,11 @@ def test_gradients_agree_with_finite_differences(work, policy):
         fn, launch = _makespan_fn(jax.tree.map(lambda x: jnp.asarray(x, jnp.float64) if x.dtype.kind == "f" else x,
                                                work), policy, 0.05)
         f64 = jnp.asarray(launch.sm_freq_mhz, jnp.float64)
-        args = [f64, f64, jnp.float64(0.3), 200.0 + 0.37 * jnp.arange(f64.shape[0], dtype=jnp.float64)]
-        grads = jax.grad(fn, argnums=(0, 1, 2, 3))(*args)
+        args = [f64, f64, jnp.float64(0.3), 200.0 + 0.37 * jnp.arange(f64.shape[0], dtype=jnp.float64),
+                jnp.float64(0.1)]
+        grads = jax.grad(fn, argnums=(0, 1, 2, 3, 4))(*args)
         checked = 0
-        for i, idx, h in [(0, 2, 1e-3), (0, 5, 1e-3), (1, 3, 1e-3), (2, None, 1e-6), (3, 1, 1e-4)]:
+        for i, idx, h in [(0, 2, 1e-3), (0, 5, 1e-3), (1, 3, 1e-3), (2, None, 1e-6), (3, 1, 1e-4), (4, None, 1e-6)]:
             def bump(d, i=i, idx=idx):
                 a = list(args)
                 a[i] = a[i] + d if idx is None else a[i].at[idx].add(d)
@@ -148,7 +149,7 @@ def test_gradients_agree_with_finite_differences(work, policy):
 def test_straight_through_has_the_soft_gradient(work):
     launch = sg.make_launch(ARCH, KERNEL, _mhz(2), work)
     mhz = launch.sm_freq_mhz
-    grad = jax.grad(lambda w: sg.schedule(launch, sg.DispatchParams(w, jnp.float32(0.25), 0.0 * mhz), 0.05,
+    grad = jax.grad(lambda w: sg.schedule(launch, sg.DispatchParams(w, jnp.float32(0.25), 0.0 * mhz, jnp.float32(0.125)), 0.05,
                                           policy="weighted", mode="straight_through", max_slots=SLOTS)
                     .makespan_ns)(mhz)
     assert np.all(np.isfinite(grad)) and np.any(np.asarray(grad) != 0)

@@ -39,7 +39,7 @@ def test_sweep_equals_direct_simulation(dataset):
     c = list(sweep.configurations(spec))[5]
     direct = js.simulate(c.arch, c.kernel, c.clocks, warp_policy=c.warp_policy, dispatch=c.dispatch,
                          dispatch_start=c.dispatch_start, dispatch_weight=c.dispatch_weight,
-                         ema_alpha=c.ema_alpha, ema_prior_ns=c.ema_prior_ns)
+                         ema_alpha=c.ema_alpha, ema_prior_ns=c.ema_prior_ns, hold_margin=c.hold_margin)
     sel = {k.replace(".", "_"): spec.grid[k][i] for k, i in zip(spec.grid, c.index)}
     got = dataset["makespan_ns"].sel(sel).isel(replicate=c.replicate)
     assert float(got) == float(direct.makespan_ns)

@@ -119,8 +119,8 @@ def _hold_for_better_slots(
     left: Array,
 ) -> Array:
     """Closed loop in the tail: keep the CTA if the `left` CTAs (the head launch's, this one
-    included) fit in slots expected to finish them earlier than `sm` would: occupied slots (of
-    any launch), and free slots still launching (`launching_tick`, INF elsewhere)
+    included) fit in slots expected to finish them earlier than `sm` would, by the hold margin
+    (a share of `sm`'s estimate): occupied slots (of any launch), and free slots still launching (`launching_tick`, INF elsewhere)
     (docs/model.md sections 9 and 13)."""
     now = tick.astype(jnp.int64)
     target = now + est[sm]
@@ -130,7 +130,8 @@ def _hold_for_better_slots(
     occupied = (slots.cta_id >= 0) & launch.sm_enabled
     launching = (slots.cta_id < 0) & (launching_tick < INF)
     finish = jnp.where(occupied, occupied_finish, launching_finish)
-    better = (occupied | launching) & (finish + est[sm] // 8 < target)
+    margin = est[sm] * launch.hold_margin_256.astype(jnp.int64) // 256  # est >= 0: a floor
+    better = (occupied | launching) & (finish + margin < target)
     return is_one_of(launch.dispatch_policy, ESTIMATE_POLICIES) & (left.astype(jnp.int64) <= jnp.sum(better, dtype=jnp.int64))
 
 

@@ -27,7 +27,7 @@ from ..clocks import Clocks
 from ..dvfs import MAX_TRACE_ROWS, MODES, Dvfs
 from ..errors import JaxschedError, check, check_ints, is_traced
 from ..kernel import MAX_DEP_SLOTS, MAX_TRIPS, Kernel
-from ..policies import DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS
+from ..policies import DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN
 from ..lower import DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, policy_indices, shapes_for, validate
 from ..params import Params, dispatch_inputs, dvfs_input, make_params
 from ..workload import Workload
@@ -85,6 +85,7 @@ def _lower_config(
     dispatch_weight: Array,
     ema_alpha: Array,
     ema_prior_ns: Array,
+    hold_margin: Array,
     dvfs: Dvfs,
     *,
     shapes: Shapes,
@@ -93,7 +94,7 @@ def _lower_config(
 
     def lower_one(k: Kernel) -> Launch:
         return lower(arch, k, clocks, warp_policy, dispatch_policy, dispatch_start,
-                     dispatch_weight, ema_alpha, ema_prior_ns, dvfs)
+                     dispatch_weight, ema_alpha, ema_prior_ns, hold_margin, dvfs)
 
     if isinstance(kernel, WorkloadInput):
         launch, per, launches = _lower_workload(kernel, lower_one, shapes)
@@ -243,12 +244,13 @@ def simulate(
     events, CUDA graphs; docs/model.md section 13), on one chip: `simulate(params)` with a
     `jaxsched.Params`, or `simulate(arch, kernel, clocks, **config)`, which builds it with
     `make_params` (keywords `warp_policy`, `dispatch`, `dispatch_start`, `dispatch_weight`,
-    `ema_alpha`, `ema_prior_ns`, `dvfs`).
+    `ema_alpha`, `ema_prior_ns`, `hold_margin`, `dvfs`).
 
     Warp policies `WARP_POLICIES` (lrr, gto, oldest); dispatch policies `DISPATCH_POLICIES`
     (the modules of `engine/dispatch_policies/`: hardware, ...; docs/model.md section 9).
     `dispatch_start` rotates the hardware SM order; `dispatch_weight` (per SM slot, default the
-    SM clocks in MHz) drives `weighted`; `ema_alpha` and `ema_prior_ns` drive `closed_loop`.
+    SM clocks in MHz) drives `weighted`; `ema_alpha`, `ema_prior_ns` and `hold_margin` drive
+    `closed_loop`.
     `dvfs` (`jaxsched.dvfs.default(arch)`, `locked(...)`; default static clocks) turns on the
     power, thermal and clock-controller model with `clocks` as each SM's cap (section 12), and
     `trace_len` rows of the clock trace are kept. `fast_forward` jumps whole periods of an SM's
@@ -274,7 +276,8 @@ def simulate(
     sized = compiled_shapes(shapes)
     with jax.enable_x64(True):
         result = _compiled(unnamed(arch), compiled_input(kernel, sized), clocks, p.warp_policy, p.dispatch,
-                           p.dispatch_start, p.dispatch_weight, p.ema_alpha, p.ema_prior_ns, p.dvfs, shapes=sized,
+                           p.dispatch_start, p.dispatch_weight, p.ema_alpha, p.ema_prior_ns, p.hold_margin, p.dvfs,
+                           shapes=sized,
                            max_ticks=_max_ticks(max_ticks), batched=False)
         result = jax.device_get(result)
     _check_done(result, max_ticks)
@@ -328,6 +331,7 @@ def simulate_batch(
     dispatch_weight: Sequence[ArrayLike | None] | None = None,
     ema_alpha: ArrayLike = DEFAULT_EMA_ALPHA,
     ema_prior_ns: ArrayLike = DEFAULT_EMA_PRIOR_NS,
+    hold_margin: ArrayLike = DEFAULT_HOLD_MARGIN,
     dvfs: Sequence[Dvfs | None] | None = None,
     trace_len: int = 0,
     max_ticks: int = MAX_TICKS,
@@ -347,8 +351,8 @@ def simulate_batch(
     below.
 
     Policies are integer arrays of length N (indices into `WARP_POLICIES`/`DISPATCH_POLICIES`);
-    `dispatch_weight` is a list of per-SM weights (or None: the clocks), `ema_alpha` and
-    `ema_prior_ns` scalars or length-N arrays; `dvfs` a list of `Dvfs` (None: static clocks).
+    `dispatch_weight` is a list of per-SM weights (or None: the clocks), `ema_alpha`,
+    `ema_prior_ns` and `hold_margin` scalars or length-N arrays; `dvfs` a list of `Dvfs` (None: static clocks).
     `kernels` may instead be workloads with one number of launches (streams, dependencies and
     modes may differ); their programs are padded to one length. `dvfs_step` compiles the DVFS
     step in (True) or out (False: every configuration must have DVFS off); None decides by the
@@ -377,7 +381,8 @@ def simulate_batch(
         warp_policy, dispatch, dispatch_start = ([getattr(p, f) for p in ps]
                                                  for f in ("warp_policy", "dispatch", "dispatch_start"))
         dispatch_weight, dvfs = [p.dispatch_weight for p in ps], [p.dvfs for p in ps]
-        ema_alpha, ema_prior_ns = np.asarray([p.ema_alpha for p in ps]), np.asarray([p.ema_prior_ns for p in ps])
+        ema_alpha, ema_prior_ns, hold_margin = (np.asarray([getattr(p, f) for p in ps])
+                                                for f in ("ema_alpha", "ema_prior_ns", "hold_margin"))
     check(all(x is not None for x in (kernels, clocks, warp_policy, dispatch, dispatch_start)),
           "simulate_batch", "missing inputs", "stacked Params, or archs, kernels, clocks, warp_policy, dispatch and "
           "dispatch_start")
@@ -420,7 +425,8 @@ def simulate_batch(
     weights = [None] * n if dispatch_weight is None else list(dispatch_weight)
     alphas = np.broadcast_to(np.asarray(ema_alpha, dtype=np.float32), (n,))
     priors = np.broadcast_to(np.asarray(ema_prior_ns, dtype=np.float32), (n,))
-    extra = _for_each(list(zip(archs, clocks, weights, alphas, priors)), lambda i, x: dispatch_inputs(*x))
+    margins = np.broadcast_to(np.asarray(hold_margin, dtype=np.float32), (n,))
+    extra = _for_each(list(zip(archs, clocks, weights, alphas, priors, margins)), lambda i, x: dispatch_inputs(*x))
     extra = tuple(np.stack(col) for col in zip(*extra))
     sized = compiled_shapes(shapes)
     devices = default_devices() if devices is None else list(devices)

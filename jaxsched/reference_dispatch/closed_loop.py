@@ -1,7 +1,8 @@
 """Closed-loop dispatch (docs/model.md section 9): each SM's CTA duration learnt by an EMA of the
 CTAs it completed, censored by its oldest running CTA (`_Sim.censored_estimates`); the SM with
 the smallest estimate, then the most usable free slots, then the lowest rank. In the tail it
-holds the CTA if the launch's CTAs left fit in clearly better slots."""
+holds the CTA if the launch's CTAs left fit in clearly better slots: expected to finish it
+earlier by the hold margin (`hold_margin`, a share of its estimate, 1/8 by default)."""
 
 NUMBER = 4
 READS_ESTIMATES = True  # it reads the censored estimates (`_Sim.dispatch`); the engine learns them for it
@@ -13,12 +14,12 @@ def key(sim, kernel, sm, room: int) -> tuple:
 
 def hold(sim, kernel, cand) -> bool:
     """The launch's CTAs left (this one included) fit in slots expected to finish them earlier
-    than `cand` would, by a margin of an eighth of its estimate: occupied slots (of any launch),
-    and free slots still in their launch latency; not free slots waiting for launch credit (when
-    the SM collects it depends on when its schedulers starve)."""
+    than `cand` would, by `floor(e * hold_margin_256 / 256)` with `e` its estimate: occupied
+    slots (of any launch), and free slots still in their launch latency; not free slots waiting
+    for launch credit (when the SM collects it depends on when its schedulers starve)."""
     e = sim.censored[kernel.index]
     target = sim.now + e[cand.index]
-    margin = e[cand.index] // 8
+    margin = e[cand.index] * sim.hold_margin_256 // 256
     better = 0
     for sm in sim.enabled_sms:
         es = e[sm.index]

@@ -8,6 +8,10 @@ serves chips it was not fitted on:
   the clocks; the engine takes `round(1000 w_s)`, clipped to 1..32768);
 - `closed_loop`: `ema_alpha = sigmoid(a)` and `ema_prior_ns = exp(b) d`, `d` the kernel's mean
   CTA occupancy at the chip's mean clock;
+- `closed_loop_tail`: the closed loop's learning and its tail hold, `ema_alpha = sigmoid(a)` and
+  `hold_margin = sigmoid(m)` (the share of its estimate by which a slot must be expected to
+  finish a held CTA earlier), prior 0: nothing in it depends on the kernel's CTA time, so the
+  fitted policy carries over to other kernels (`jaxsched.fitted_policy`);
 - `closed_loop_per_sm` (a proposal; the engine takes one prior for every SM): the prior of SM
   `s` is `exp(b) d (mean f / f_s)^gamma`, a static frequency-aware estimate that the tail hold
   can use before any CTA has completed.
@@ -33,20 +37,28 @@ from jaxtyping import Array, Float, Int
 from ..arch import Arch
 from ..clocks import per_slot
 from ..errors import check
-from ..policies import DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS
+from ..policies import DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN
 from .launch import DispatchParams, SurrogateLaunch
 from .relax import schedule
 
-FAMILIES = ("weighted", "closed_loop", "closed_loop_per_sm")
-ENGINE_POLICY = {"weighted": "weighted", "closed_loop": "closed_loop", "closed_loop_per_sm": "closed_loop"}
+FAMILIES = ("weighted", "closed_loop", "closed_loop_tail", "closed_loop_per_sm")
+PORTABLE_FAMILIES = ("closed_loop_tail",)  # engine inputs that depend on neither the chip nor the kernel
+ENGINE_POLICY = {"weighted": "weighted", "closed_loop": "closed_loop", "closed_loop_tail": "closed_loop",
+                 "closed_loop_per_sm": "closed_loop"}
 WEIGHT_SCALE = 1000.0  # engine weight of an SM at the mean clock
 GRADIENT_CLIP = 1.0  # per gradient entry and step (the loss is a makespan ratio: O(1))
+
+
+def _logit(p: float) -> float:
+    return float(np.log(p / (1.0 - p)))
+
+
 _INITIAL = {
     "weighted": {"gamma": 1.0},
     # the fits start from the engine's default closed loop (alpha as a logit)
-    "closed_loop": {"alpha_logit": float(np.log(DEFAULT_EMA_ALPHA / (1 - DEFAULT_EMA_ALPHA))), "log_prior": 0.0},
-    "closed_loop_per_sm": {"alpha_logit": float(np.log(DEFAULT_EMA_ALPHA / (1 - DEFAULT_EMA_ALPHA))), "log_prior": 0.0,
-                           "gamma": 1.0},
+    "closed_loop": {"alpha_logit": _logit(DEFAULT_EMA_ALPHA), "log_prior": 0.0},
+    "closed_loop_tail": {"alpha_logit": _logit(DEFAULT_EMA_ALPHA), "margin_logit": _logit(DEFAULT_HOLD_MARGIN)},
+    "closed_loop_per_sm": {"alpha_logit": _logit(DEFAULT_EMA_ALPHA), "log_prior": 0.0, "gamma": 1.0},
 }
 
 
@@ -87,13 +99,18 @@ def params_for(family: str, theta: dict[str, Array], launch: SurrogateLaunch) ->
     """The surrogate's dispatch parameters of one configuration (scalar `theta` entries)."""
     log_speed = _log_speed(launch)
     ones = jnp.ones_like(launch.sm_freq_mhz)
+    margin = jnp.float32(DEFAULT_HOLD_MARGIN)
     if family == "weighted":
         return DispatchParams(weight=jnp.exp(theta["gamma"] * log_speed), ema_alpha=jnp.float32(DEFAULT_EMA_ALPHA),
-                              ema_prior_ns=DEFAULT_EMA_PRIOR_NS * ones)
+                              ema_prior_ns=DEFAULT_EMA_PRIOR_NS * ones, hold_margin=margin)
+    alpha = jax.nn.sigmoid(theta["alpha_logit"])
+    if family == "closed_loop_tail":
+        return DispatchParams(weight=ones, ema_alpha=alpha, ema_prior_ns=DEFAULT_EMA_PRIOR_NS * ones,
+                              hold_margin=jax.nn.sigmoid(theta["margin_logit"]))
     d = mean_occupancy_ns(launch)
     tilt = theta["gamma"] * log_speed if family == "closed_loop_per_sm" else 0.0
-    return DispatchParams(weight=ones, ema_alpha=jax.nn.sigmoid(theta["alpha_logit"]),
-                          ema_prior_ns=jnp.exp(theta["log_prior"] - tilt) * d * ones)
+    return DispatchParams(weight=ones, ema_alpha=alpha, ema_prior_ns=jnp.exp(theta["log_prior"] - tilt) * d * ones,
+                          hold_margin=margin)
 
 
 def engine_inputs(family: str, theta: dict[str, float], arch: Arch, sm_freq_mhz: np.ndarray,
@@ -108,11 +125,25 @@ def engine_inputs(family: str, theta: dict[str, float], arch: Arch, sm_freq_mhz:
     if family == "weighted":
         w = np.clip(np.rint(WEIGHT_SCALE * np.exp(float(theta["gamma"]) * log_speed)), 1, 2**15)
         return {"dispatch": "weighted", "dispatch_weight": np.where(enabled, w, 0).astype(np.int32)}
-    alpha = float(1.0 / (1.0 + np.exp(-float(theta["alpha_logit"]))))
+    if family in PORTABLE_FAMILIES:
+        return portable_inputs(family, theta)
+    alpha = _sigmoid(theta["alpha_logit"])
     prior = np.exp(float(theta["log_prior"])) * mean_occupancy
     if family == "closed_loop_per_sm":
         prior = np.where(enabled, prior * np.exp(-float(theta["gamma"]) * log_speed), 0.0)
     return {"dispatch": "closed_loop", "ema_alpha": alpha, "ema_prior_ns": prior}
+
+
+def portable_inputs(family: str, theta: dict[str, float]) -> dict:
+    """The engine inputs of a family in `PORTABLE_FAMILIES`, the same on every chip and kernel
+    (what `jaxsched.fitted_policy` writes)."""
+    check(family in PORTABLE_FAMILIES, "family", family, f"one of {PORTABLE_FAMILIES}")
+    return {"dispatch": "closed_loop", "ema_alpha": _sigmoid(theta["alpha_logit"]),
+            "ema_prior_ns": DEFAULT_EMA_PRIOR_NS, "hold_margin": _sigmoid(theta["margin_logit"])}
+
+
+def _sigmoid(x: float) -> float:
+    return float(1.0 / (1.0 + np.exp(-float(x))))
 
 
 def _group_means(x: Array, group: Array, n_groups: int) -> Array:

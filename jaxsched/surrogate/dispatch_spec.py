@@ -36,14 +36,14 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from .. import archio, bounds, clocks, presets, tomldoc
+from .. import archio, bounds, clocks, fitted_policy, presets, tomldoc
 from ..arch import Arch
 from ..engine.run import simulate_batch
 from ..errors import INT32_MAX, check
 from ..issue_bound import IssueDemand, issue_demand, issue_ns
 from ..kernel import Kernel, kernel_from_dict
 from ..lower import DISPATCH_POLICIES, WARP_POLICIES
-from ..policies import DEFAULT_EMA_ALPHA, DEFAULT_WARP_POLICY
+from ..policies import DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN, DEFAULT_WARP_POLICY, FITTED_DISPATCH
 from ..sweep import MAX_SEED, clock_map
 from . import dispatch_fit as df
 from .launch import (
@@ -62,7 +62,7 @@ _FIT = {"steps": 40, "learning_rate": 0.1, "temperature": 0.05, "per_chip": Fals
 _KERNEL_KEYS = ("file", "name", "program", "grid", "threads", "regs", "smem_bytes", "static_smem_bytes",
                 "l2_hit_rate", "seed")
 TEST_SEED_OFFSET = 500_000
-ENGINE_FAMILIES = ("weighted", "closed_loop")  # closed_loop_per_sm needs per-SM priors in the engine
+ENGINE_FAMILIES = ("weighted", "closed_loop", "closed_loop_tail")  # closed_loop_per_sm needs per-SM priors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,7 +275,8 @@ def evaluate(spec: DispatchSpec, prep: Prepared, fits: dict[str, df.FitResult], 
             [DISPATCH_POLICIES.index(kw["dispatch"]) for _, kw in configs], [0] * n,
             dispatch_weight=[kw.get("dispatch_weight") for _, kw in configs],
             ema_alpha=np.asarray([kw.get("ema_alpha", DEFAULT_EMA_ALPHA) for _, kw in configs]),
-            ema_prior_ns=np.asarray([kw.get("ema_prior_ns", 0.0) for _, kw in configs]))
+            ema_prior_ns=np.asarray([kw.get("ema_prior_ns", DEFAULT_EMA_PRIOR_NS) for _, kw in configs]),
+            hold_margin=np.asarray([kw.get("hold_margin", DEFAULT_HOLD_MARGIN) for _, kw in configs]))
         for (mi, pi), value in zip(kwargs, np.asarray(result.makespan_ns)):
             if pi < 0:
                 uniform_eq[ki, mi] = value
@@ -325,6 +326,23 @@ def fit_dataset(spec: DispatchSpec, fits: dict[str, df.FitResult], evaluation: x
                  "temperature": float(spec.fit["temperature"]), "steps": int(spec.fit["steps"]),
                  "learning_rate": float(spec.fit["learning_rate"]), "per_chip": int(spec.fit["per_chip"]),
                  "spec": spec.text}
+    return out
+
+
+def policy_files(ds: xr.Dataset) -> dict[str, str]:
+    """Per fitted family in `dispatch_fit.PORTABLE_FAMILIES`, the `jaxsched.fitted_policy` file of
+    its learned parameters (`fit_dataset`'s `FAMILY_NAME` variables); none for per-chip fits."""
+    if int(ds.attrs["per_chip"]):
+        return {}
+    out = {}
+    for fam in (str(f) for f in ds["family"].values):
+        if fam in df.PORTABLE_FAMILIES:
+            theta = {name: float(ds[f"{fam}_{name}"].values[0]) for name in df.initial_theta(fam)}
+            inputs = df.portable_inputs(fam, theta)
+            header = (f"jaxsched fit dispatch: family {fam} of {ds.attrs['title']!r} ({ds.attrs['arch']}), "
+                      f"{ds.attrs['steps']} steps at T = {ds.attrs['temperature']}\n"
+                      f'a sweep runs it with [policy] dispatch = "{FITTED_DISPATCH}", fitted = "<this file>"')
+            out[fam] = fitted_policy.dumps(inputs.pop("dispatch"), inputs, header)
     return out
 
 

@@ -61,7 +61,6 @@ from .launch import DispatchParams, SurrogateLaunch
 MODES = ("soft", "hard", "straight_through")
 # The dispatch policies the surrogate relaxes (`_scores`); the engine may know more.
 RELAXED_POLICIES = ("hardware", "round_robin", "least_loaded", "weighted", "closed_loop")
-HOLD_MARGIN = 8  # the engine's 1/8 margin: a held CTA must finish e/8 earlier elsewhere
 DUST = 1e-2  # soft choices below this fraction of the likeliest are dropped (the rest renormalised)
 _BIG_NS = 1e12
 _TIE_ROOM = 1e-2  # closed loop: most room breaks near-ties of expected finish (units of d)
@@ -225,7 +224,7 @@ def _step(state: _State, cta, *, launch: SurrogateLaunch, params: DispatchParams
         launching = usable * state.used * relax.gate(t - state.end_ns) * (1.0 - relax.gate(t - a))
         finish = jnp.where(launching > 0, a, jnp.maximum(t, state.start_ns + est[:, None])) + est[:, None]
         # strictly earlier: finish + e/8 < t + e (the 1e-3 ns keeps exact equality out)
-        better = (occupied + launching) * relax.step(t + e_cand - e_cand / HOLD_MARGIN - finish - 1e-3,
+        better = (occupied + launching) * relax.step(t + e_cand - e_cand * params.hold_margin - finish - 1e-3,
                                                      relax.tau_time)
         n_better = jnp.sum(better)
         hold = valid * jnp.minimum(n_better, 1.0) * relax.step(n_better - left + 0.5, relax.tau_score)

@@ -20,6 +20,7 @@ from ..arch import Arch
 from ..dvfs import Dvfs
 from ..kernel import Kernel
 from ..lower import DISPATCH_POLICIES, WARP_POLICIES
+from ..policies import FITTED_DISPATCH
 from ..sweep_paths import Point
 from ..workload import OVERHEAD_FIELDS, Workload, make_workload
 
@@ -43,6 +44,7 @@ class Config(NamedTuple):
     dispatch_weight: np.ndarray | None  # None: the SM clocks in MHz
     ema_alpha: float
     ema_prior_ns: float
+    hold_margin: float
     dvfs: Dvfs
 
 
@@ -50,13 +52,15 @@ def engine_config(sweep: Sweep, point: Point, index: tuple[int, ...], replicate:
     """The engine inputs of one point and replicate (the place where swept groups reach the
     engine call)."""
     arch, policy = point["arch"], point["policy"]
+    if policy["dispatch"] == FITTED_DISPATCH:  # the policy and parameters of the fitted file
+        policy = {**policy, "dispatch": sweep.fitted.dispatch, **sweep.fitted.values}
     weight = None if policy["weights"] == "clocks" else np.ones(arch.n_sm_slots, dtype=np.int32)
     return Config(
         index=tuple(index), replicate=replicate, arch=arch, kernel=launched(point["kernel"], point["workload"]),
         clocks=clock_map(arch, point["clocks"], sweep.seed * REPLICATE_STRIDE + replicate),
         warp_policy=WARP_POLICIES.index(policy["warp"]), dispatch=DISPATCH_POLICIES.index(policy["dispatch"]),
         dispatch_start=policy["dispatch_start"], dispatch_weight=weight, ema_alpha=policy["ema_alpha"],
-        ema_prior_ns=policy["ema_prior_ns"],
+        ema_prior_ns=policy["ema_prior_ns"], hold_margin=policy["hold_margin"],
         dvfs=dvfs_params(arch, point["dvfs"], sweep.seed * REPLICATE_STRIDE + replicate))
 
 

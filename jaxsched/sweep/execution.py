@@ -94,7 +94,8 @@ class Runner:
         col = {name: [getattr(c, name) for c in padded] for name in Config._fields}
         args = [col[name] for name in ("arch", "kernel", "clocks", "warp_policy", "dispatch", "dispatch_start")]
         kwargs = dict(dispatch_weight=col["dispatch_weight"], ema_alpha=np.asarray(col["ema_alpha"]),
-                      ema_prior_ns=np.asarray(col["ema_prior_ns"]), dvfs=col["dvfs"],
+                      ema_prior_ns=np.asarray(col["ema_prior_ns"]), hold_margin=np.asarray(col["hold_margin"]),
+                      dvfs=col["dvfs"],
                       dvfs_step=self.dvfs_step, closed_loop_step=self.closed_loop_step,
                       cta_slots=self.cta_slots, max_ctas=self.max_ctas, devices=self.devices,
                       fast_forward_step=self.fast_forward_step)

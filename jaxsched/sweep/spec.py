@@ -14,7 +14,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .. import archio, clocks, presets, sweep_design, sweep_paths, tomldoc
+from .. import archio, clocks, fitted_policy, presets, sweep_design, sweep_paths, tomldoc
 from ..arch import Arch
 from ..dvfs import Dvfs, validate_dvfs
 from ..engine.run import any_dvfs
@@ -22,7 +22,7 @@ from ..errors import JaxschedError, check
 from ..kernel import Kernel, kernel_from_dict, load_kernel, pad_program
 from ..lower import cta_slots_for, shapes_for, validate
 from ..occupancy import check_launch, occupancy
-from ..policies import ESTIMATE_DISPATCH
+from ..policies import ESTIMATE_DISPATCH, FITTED_DISPATCH
 from ..sweep_design import Design
 from ..sweep_paths import Point
 from .configs import REPLICATE_STRIDE, dvfs_params, launched
@@ -56,6 +56,7 @@ class Sweep:
     infeasible_reason: np.ndarray  # str, point shape ("" where feasible)
     max_grid_ctas: int  # the largest grid of any feasible point (sizes the engine state)
     max_cta_slots: int  # the largest occupancy (CTAs per SM) of any feasible point (sizes it too)
+    fitted: fitted_policy.FittedPolicy | None = None  # [policy] fitted: what dispatch = "fitted" runs
 
     @property
     def arch(self) -> Arch:
@@ -105,6 +106,7 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Swee
     loops, branches = (max(np.shape(getattr(k, f))[-1] for k in every) for f in ("loop_start", "branch_start"))
     variants = {name: pad_program(k, n_instr, loops, branches) for name, k in variants.items()}
     base = {"arch": arch, "kernel": pad_program(kernel, n_instr, loops, branches), sweep_paths.VARIANTS: variants}
+    doc, fitted = _fitted(doc, base_dir, source)
     for name in sweep_paths.TABLES:
         base[name] = sweep_paths.GROUPS[name].base(doc.get(name, {}), arch, f"{source}: {name}")
     seed = doc.get("seed", 0)
@@ -135,11 +137,37 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Swee
                     replicates=replicates, seed=seed, chunk=chunk, cta_trace=cta_trace, fast_forward=fast_forward, feasible=np.ones((), bool),
                     infeasible_reason=np.asarray(""),
                     max_grid_ctas=int(kernel.grid_ctas) * max(1, base["workload"]["launches"]),
-                    max_cta_slots=int(arch.max_blocks_per_sm))
+                    max_cta_slots=int(arch.max_blocks_per_sm), fitted=fitted)
+    _check_fitted(partial, source)
     _check_dvfs(partial, source)
     feasible, reasons, max_grid, max_slots = _check_points(partial, source)
     return dataclasses.replace(partial, feasible=feasible, infeasible_reason=reasons, max_grid_ctas=max_grid,
                                max_cta_slots=max_slots)
+
+
+def _fitted(doc: dict, base_dir: Path, source: str) -> tuple[dict, fitted_policy.FittedPolicy | None]:
+    """The spec without `[policy] fitted`, and the fitted policy that file holds (or None)."""
+    table = doc.get("policy", {})
+    if not isinstance(table, dict) or "fitted" not in table:
+        return doc, None
+    path = table["fitted"]
+    check(isinstance(path, str) and bool(path), f"{source}: policy.fitted", path,
+          "the path of a policy file that jaxsched fit dispatch wrote (relative to the spec)")
+    rest = {k: v for k, v in table.items() if k != "fitted"}
+    return {**doc, "policy": rest}, fitted_policy.load(base_dir / path)
+
+
+def _check_fitted(sweep: Sweep, source: str) -> None:
+    """`dispatch = "fitted"` needs `[policy] fitted`, whose file then fixes the policy's
+    parameters: sweeping them too would be ignored on those points, so it is refused."""
+    if FITTED_DISPATCH not in swept_values(sweep, "policy.dispatch"):
+        return
+    check(sweep.fitted is not None, f"{source}: policy.fitted", None,
+          f'required where policy.dispatch = "{FITTED_DISPATCH}": the file jaxsched fit dispatch wrote')
+    for field in fitted_policy.FIELDS:
+        path = f"policy.{field}"
+        check(len(swept_values(sweep, path)) == 1, f"{source}: {path}", swept_values(sweep, path),
+              f'one value: the fitted policy fixes it where policy.dispatch = "{FITTED_DISPATCH}"')
 
 
 def _engine_options(table: object, source: str) -> bool:
@@ -237,14 +265,18 @@ def uses_closed_loop(sweep: Sweep) -> bool:
     """Whether any configuration dispatches by a policy that reads the closed loop's estimates
     (`policies.ESTIMATE_DISPATCH`): then every chunk compiles its learning, so that the sweep
     compiles once (`simulate_batch`'s `closed_loop_step`)."""
-    path = "policy.dispatch"
+    values = swept_values(sweep, "policy.dispatch")
+    return any((sweep.fitted.dispatch if v == FITTED_DISPATCH else v) in ESTIMATE_DISPATCH for v in values)
+
+
+def swept_values(sweep: Sweep, path: str) -> list:
+    """The values a `group.field` path takes over the sweep: its grid's or design's, else the base's."""
     if path in sweep.grid:
-        values = list(sweep.grid[path])
-    elif sweep.design and path in sweep.design.values:
-        values = list(sweep.design.values[path])
-    else:
-        values = [sweep.base["policy"]["dispatch"]]
-    return any(v in ESTIMATE_DISPATCH for v in values)
+        return list(sweep.grid[path])
+    if sweep.design and path in sweep.design.values:
+        return list(dict.fromkeys(np.asarray(sweep.design.values[path]).tolist()))
+    group, field = path.split(".", 1)
+    return [sweep.base[group][field]]
 
 
 def _check_dvfs(sweep: Sweep, source: str) -> None:

@@ -81,8 +81,8 @@ def _unfilled(sweep: Sweep, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
 
 def fingerprint(sweep: Sweep) -> str:
     """SHA-256 of the spec text, the resolved arch and kernel (files named by the spec may
-    change while its text does not) and the design's samples (a library update could change
-    them)."""
+    change while its text does not), the design's samples (a library update could change
+    them) and the fitted policy's file."""
     h = hashlib.sha256(sweep.text.encode())
     h.update(archio.dumps(sweep.arch).encode())
     for f in dataclasses.fields(sweep.kernel):
@@ -91,6 +91,8 @@ def fingerprint(sweep: Sweep) -> str:
     for path, values in (sweep.design.values.items() if sweep.design else ()):
         h.update(path.encode())
         h.update(np.asarray(values).tobytes())
+    if sweep.fitted is not None:  # the fitted policy's file may change while the spec does not
+        h.update(sweep.fitted.text.encode())
     return h.hexdigest()
 
 
@@ -111,6 +113,7 @@ def _attrs(sweep: Sweep, layout: Layout, device: str) -> dict:
         "fingerprint": fingerprint(sweep),
         "store_version": STORE_VERSION,
         "spec": sweep.text,
+        **({"fitted_policy": sweep.fitted.text} if sweep.fitted is not None else {}),
         **({"design": sweep.design.describe(), "design_paths": [f.path for f in sweep.design.factors]}
            if sweep.design else {}),
     }
