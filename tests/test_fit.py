@@ -189,6 +189,8 @@ steps = 2
     ("steps = 2", "steps = 10000000000000000000000", "fit.steps = 10000000000000000000000: an integer in 1 .. 2147483647"),
     ("steps = 2", 'steps = 2\nlearning_rate = "fast"', "fit.learning_rate = 'fast'"),
     ('title =', 'seed = 10000000000000000000000\ntitle =', "seed = 10000000000000000000000: an integer in 0 .. 2147483647"),
+    ("steps = 2", 'steps = 2\nmethod = "grid"', "fit.method = 'grid'"),
+    ("steps = 2", 'steps = 2\nmethod = "engine"', "families = 'weighted'"),
     ("sigma = 0.15", 'sigma = "wide"', "clocks.sigma = 'wide'"),
 ])
 def test_dispatch_spec_errors_name_the_field(tmp_path, old, new, field):
@@ -196,6 +198,28 @@ def test_dispatch_spec_errors_name_the_field(tmp_path, old, new, field):
     dispatch_spec.loads(SPEC, base_dir=tmp_path)  # the spec itself is fine
     with pytest.raises(js.JaxschedError, match=field):
         dispatch_spec.loads(SPEC.replace(old, new), base_dir=tmp_path)
+
+
+def test_engine_search_picks_the_candidate_best_in_the_exact_engine(tmp_path):
+    """`method = "engine"`: every candidate runs in the exact engine on the training chips; theta
+    is the one with the lowest mean makespan over the fluid bound, written back as logits."""
+    (tmp_path / "small.toml").write_text(archio.dumps(ARCH))
+    text = SPEC.replace('families = ["weighted", "closed_loop"]', 'families = ["closed_loop_tail"]')
+    spec = dispatch_spec.loads(text.replace("steps = 2", 'steps = 2\nmethod = "engine"'), base_dir=tmp_path)
+    prep = dispatch_spec.prepare(spec)
+    prob, _ = dispatch_spec.problem(spec, prep)
+    result = dispatch_spec.engine_search(spec, prep, prob, "closed_loop_tail")
+    grid = dispatch_spec.ENGINE_GRID["closed_loop_tail"]
+    assert result.loss.shape == (len(grid["ema_alpha"]) * len(grid["hold_margin"]), 1)
+    best = dispatch_fit.portable_inputs("closed_loop_tail", {k: float(v[0]) for k, v in result.theta.items()})
+    i = int(np.argmin(result.loss[:, 0]))
+    assert best["ema_alpha"] == pytest.approx(grid["ema_alpha"][i // len(grid["hold_margin"])])
+    assert best["hold_margin"] == pytest.approx(grid["hold_margin"][i % len(grid["hold_margin"])])
+    (kernel,) = spec.kernels  # one kernel: the problem's configurations are the training chips
+    again = [float(js.simulate(spec.arch, kernel, clk, warp_policy=spec.warp_policy, dispatch="closed_loop",
+                               ema_alpha=best["ema_alpha"], hold_margin=best["hold_margin"]).makespan_ns) / float(f)
+             for clk, f in zip(prep.train_clocks, prob.fluid_ns)]
+    assert np.mean(again) == pytest.approx(result.loss[i, 0], rel=1e-9)
 
 
 @pytest.mark.slow

@@ -90,6 +90,23 @@ def test_soft_converges_to_hard_as_temperature_vanishes(work, policy):
         assert float(_run(work, mhz, policy, t, "straight_through").makespan_ns) == hard
 
 
+@pytest.mark.parametrize("alpha, margin", [(0.5, 0.0), (0.4, 0.05), (0.25, 0.5)])
+def test_the_fitted_closed_loops_soft_surrogate_converges_to_hard(work, alpha, margin):
+    """The closed loop with the parameters `closed_loop_tail` fits (EMA smoothing, hold margin)
+    relaxes to the hard model as T -> 0, as with the defaults."""
+    mhz = _mhz(3)
+    params = {"ema_alpha": alpha, "hold_margin": margin}
+    hard = float(_run(work, mhz, "closed_loop", **params).makespan_ns)
+    assert float(_run(work, mhz, "closed_loop", 1e-5, "soft", **params).makespan_ns) == pytest.approx(hard, rel=1e-5)
+    assert float(_run(work, mhz, "closed_loop", 0.1, "straight_through", **params).makespan_ns) == hard
+
+
+def test_the_hold_margin_changes_the_hard_closed_loop(work):
+    """A margin of 1 never holds (a slot would have to finish a CTA before now); 0 holds."""
+    starts = {m: np.asarray(_run(work, _mhz(3), "closed_loop", hold_margin=m).cta_start_ns) for m in (0.0, 1.0)}
+    assert not np.array_equal(starts[0.0], starts[1.0])
+
+
 @pytest.mark.parametrize("seed", [0, 5])
 def test_exact_ties_do_not_stop_convergence(seed):
     """CTAs of equal work started together free their slots at the same instant; the closed

@@ -49,16 +49,16 @@ WEIGHT_SCALE = 1000.0  # engine weight of an SM at the mean clock
 GRADIENT_CLIP = 1.0  # per gradient entry and step (the loss is a makespan ratio: O(1))
 
 
-def _logit(p: float) -> float:
+def logit(p: float) -> float:
     return float(np.log(p / (1.0 - p)))
 
 
 _INITIAL = {
     "weighted": {"gamma": 1.0},
     # the fits start from the engine's default closed loop (alpha as a logit)
-    "closed_loop": {"alpha_logit": _logit(DEFAULT_EMA_ALPHA), "log_prior": 0.0},
-    "closed_loop_tail": {"alpha_logit": _logit(DEFAULT_EMA_ALPHA), "margin_logit": _logit(DEFAULT_HOLD_MARGIN)},
-    "closed_loop_per_sm": {"alpha_logit": _logit(DEFAULT_EMA_ALPHA), "log_prior": 0.0, "gamma": 1.0},
+    "closed_loop": {"alpha_logit": logit(DEFAULT_EMA_ALPHA), "log_prior": 0.0},
+    "closed_loop_tail": {"alpha_logit": logit(DEFAULT_EMA_ALPHA), "margin_logit": logit(DEFAULT_HOLD_MARGIN)},
+    "closed_loop_per_sm": {"alpha_logit": logit(DEFAULT_EMA_ALPHA), "log_prior": 0.0, "gamma": 1.0},
 }
 
 

@@ -21,6 +21,7 @@ Spec (TOML; see `sweeps/fit_dispatch.toml` and docs/surrogate.md):
     learning_rate = 0.1
     temperature = 0.05             # the soft surrogate's temperature (docs/surrogate.md)
     per_chip = false               # true: one theta per training chip (evaluated on that chip)
+    method = "surrogate"           # or "engine": the best of ENGINE_GRID in the exact engine
 
 Train map `i` draws its clocks from seed `seed * 1_000_003 + i`, test map `j` from
 `seed * 1_000_003 + 500_000 + j`: the two sets never share a chip.
@@ -29,6 +30,7 @@ Train map `i` draws its clocks from seed `seed * 1_000_003 + i`, test map `j` fr
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -58,7 +60,14 @@ from .relax import schedule
 _TOP = ("title", "arch", "warp_policy", "seed", "families", "kernels", "clocks", "fit")
 _CLOCKS = {"model": "gaussian", "mean_ghz": 1.8, "sigma": 0.1, "sigma_die": 0.0, "corr_length_mm": None,
            "ir_drop": False, "train_maps": 8, "test_maps": 8}
-_FIT = {"steps": 40, "learning_rate": 0.1, "temperature": 0.05, "per_chip": False}
+_FIT = {"steps": 40, "learning_rate": 0.1, "temperature": 0.05, "per_chip": False, "method": "surrogate"}
+# How `theta` is fitted: Adam through the soft surrogate, or the best of `ENGINE_GRID` in the exact
+# engine on the training chips (families in `ENGINE_GRID` only, one theta for every chip).
+METHODS = ("surrogate", "engine")
+# The candidates of `method = "engine"`: every combination of these EMA smoothings and hold
+# margins (1/256: the engine's smallest above 0; 255/256: practically never hold).
+ENGINE_GRID = {"closed_loop_tail": {"ema_alpha": (0.125, 0.25, 0.5, 0.75),
+                                    "hold_margin": (1 / 256, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 255 / 256)}}
 _KERNEL_KEYS = ("file", "name", "program", "grid", "threads", "regs", "smem_bytes", "static_smem_bytes",
                 "l2_hit_rate", "seed")
 TEST_SEED_OFFSET = 500_000
@@ -147,6 +156,12 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Disp
     seed = doc.get("seed", 0)
     check(_is_int(seed) and 0 <= seed <= MAX_SEED, f"{source}: seed", seed, f"an integer in 0 .. {MAX_SEED}")
     check(isinstance(fit["per_chip"], bool), f"{source}: fit.per_chip", fit["per_chip"], "true or false")
+    check(fit["method"] in METHODS, f"{source}: fit.method", fit["method"], f"one of {METHODS}")
+    if fit["method"] == "engine":
+        for fam in families:
+            check(fam in ENGINE_GRID, f"{source}: families", fam,
+                  f'each one of {tuple(ENGINE_GRID)} with fit.method = "engine"')
+        check(not fit["per_chip"], f"{source}: fit.per_chip", True, 'false with fit.method = "engine"')
     return DispatchSpec(title=str(doc.get("title", source)), text=text, arch=arch, warp_policy=warp,
                         seed=seed, families=families, kernels=kernels, clocks=clk, fit=fit)
 
@@ -318,13 +333,15 @@ def fit_dataset(spec: DispatchSpec, fits: dict[str, df.FitResult], evaluation: x
         for name, value in r.theta.items():
             data[f"{fam}_{name}"] = ("chip", np.pad(value, (0, n_groups - len(value)), constant_values=np.nan),
                                      {"long_name": f"learned {name} of the {fam} family"})
-    data["loss"] = (("family", "step", "chip"), loss,
-                    {"long_name": "mean surrogate makespan / fluid bound (soft)", "units": "1"})
+    what = ("mean exact-engine makespan / fluid bound of each candidate (step: candidate)"
+            if spec.fit["method"] == "engine" else "mean surrogate makespan / fluid bound (soft)")
+    data["loss"] = (("family", "step", "chip"), loss, {"long_name": what, "units": "1"})
     ds = xr.Dataset(data, coords={"family": list(fits), "step": np.arange(steps), "chip": np.arange(n_groups)})
     out = xr.merge([ds, evaluation])
     out.attrs = {"title": spec.title, "arch": spec.arch.name, "warp_policy": spec.warp_policy,
                  "temperature": float(spec.fit["temperature"]), "steps": int(spec.fit["steps"]),
                  "learning_rate": float(spec.fit["learning_rate"]), "per_chip": int(spec.fit["per_chip"]),
+                 "method": spec.fit["method"],
                  "spec": spec.text}
     return out
 
@@ -339,11 +356,38 @@ def policy_files(ds: xr.Dataset) -> dict[str, str]:
         if fam in df.PORTABLE_FAMILIES:
             theta = {name: float(ds[f"{fam}_{name}"].values[0]) for name in df.initial_theta(fam)}
             inputs = df.portable_inputs(fam, theta)
-            header = (f"jaxsched fit dispatch: family {fam} of {ds.attrs['title']!r} ({ds.attrs['arch']}), "
-                      f"{ds.attrs['steps']} steps at T = {ds.attrs['temperature']}\n"
+            how = (f"the best of {ds.sizes['step']} candidates in the exact engine" if ds.attrs["method"] == "engine"
+                   else f"{ds.attrs['steps']} steps at T = {ds.attrs['temperature']}")
+            header = (f"jaxsched fit dispatch: family {fam} of {ds.attrs['title']!r} ({ds.attrs['arch']}), {how}\n"
                       f'a sweep runs it with [policy] dispatch = "{FITTED_DISPATCH}", fitted = "<this file>"')
             out[fam] = fitted_policy.dumps(inputs.pop("dispatch"), inputs, header)
     return out
+
+
+def engine_search(spec: DispatchSpec, prep: Prepared, prob: df.Problem, family: str) -> df.FitResult:
+    """`method = "engine"`: every candidate of `ENGINE_GRID[family]` in the exact engine on every
+    training chip and kernel; `theta` is the candidate with the lowest mean makespan over the
+    fluid bound (the surrogate fit's objective, measured exactly). The loss curve holds every
+    candidate's, in grid order (`step` indexes the candidates)."""
+    grid = ENGINE_GRID[family]
+    candidates = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+    wp = WARP_POLICIES.index(spec.warp_policy)
+    n_k, n_m, n_c = len(spec.kernels), len(prep.train_clocks), len(candidates)
+    ratio = np.zeros((n_c, n_m, n_k))
+    fluid = np.asarray(prob.fluid_ns, np.float64).reshape(n_m, n_k)  # map-major, as `problem` stacks them
+    for ki, kernel in enumerate(spec.kernels):
+        n = n_c * n_m
+        result = simulate_batch([spec.arch] * n, [kernel] * n, list(prep.train_clocks) * n_c, [wp] * n,
+                                [DISPATCH_POLICIES.index(df.ENGINE_POLICY[family])] * n, [0] * n,
+                                ema_alpha=np.repeat([c["ema_alpha"] for c in candidates], n_m),
+                                ema_prior_ns=DEFAULT_EMA_PRIOR_NS,
+                                hold_margin=np.repeat([c["hold_margin"] for c in candidates], n_m))
+        ratio[:, :, ki] = np.asarray(result.makespan_ns, np.float64).reshape(n_c, n_m) / fluid[:, ki]
+    loss = ratio.mean(axis=(1, 2))
+    best = candidates[int(np.argmin(loss))]
+    theta = {"alpha_logit": df.logit(best["ema_alpha"]), "margin_logit": df.logit(best["hold_margin"])}
+    return df.FitResult(family=family, theta={k: np.asarray([v], np.float64) for k, v in theta.items()},
+                        loss=loss[:, None])
 
 
 def run(spec: DispatchSpec, progress: Callable[[str], None] | None = None) -> xr.Dataset:
@@ -354,6 +398,11 @@ def run(spec: DispatchSpec, progress: Callable[[str], None] | None = None) -> xr
     prob, max_slots = problem(spec, prep)
     fits = {}
     for fam in spec.families:
+        if spec.fit["method"] == "engine":
+            n = int(np.prod([len(v) for v in ENGINE_GRID[fam].values()]))
+            say(f"fitting {fam} in the exact engine: {n} candidates x {int(prob.fluid_ns.shape[0])} configurations")
+            fits[fam] = engine_search(spec, prep, prob, fam)
+            continue
         say(f"fitting {fam}: {int(prob.fluid_ns.shape[0])} configurations, {spec.fit['steps']} steps")
         fits[fam] = df.fit(prob, fam, steps=spec.fit["steps"], learning_rate=float(spec.fit["learning_rate"]),
                            temperature=float(spec.fit["temperature"]), max_slots=max_slots,
