@@ -25,7 +25,7 @@ import numpy as np
 
 import jaxsched as js
 from jaxsched import clocks, dvfs
-from jaxsched.engine.devices import mesh_of
+from jaxsched.engine.mechanics.devices import mesh_of
 from jaxsched.engine.fast_forward import may_fast_forward
 from jaxsched.engine.run import MAX_TICKS, _compiled, default_chunk, stack
 from jaxsched.lower import WARP_POLICIES, shapes_for

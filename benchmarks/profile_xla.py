@@ -28,7 +28,7 @@ import time
 import jax
 from throughput import workload
 
-from jaxsched.engine.devices import use_host_cores
+from jaxsched.engine.mechanics.devices import use_host_cores
 from jaxsched.engine.run import _prepare, stack
 from jaxsched.engine.step import loop, start
 from jaxsched.lower import lower, shapes_for

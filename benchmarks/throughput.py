@@ -30,7 +30,7 @@ import numpy as np
 
 import jaxsched as js
 from jaxsched import clocks, dvfs, reference
-from jaxsched.engine.devices import mesh_of
+from jaxsched.engine.mechanics.devices import mesh_of
 from jaxsched.engine.fast_forward import may_fast_forward
 from jaxsched.engine.run import MAX_TICKS, _compiled, default_chunk, stack, uses_closed_loop
 from jaxsched.lower import shapes_for

@@ -32,7 +32,7 @@ _LAZY = {
     "Result": "engine.result", "simulate": "engine.run", "simulate_batch": "engine.run", "stack": "engine.run",
     "Kernel": "kernel", "load_kernel": "kernel", "make_kernel": "kernel", "resident_grid": "kernel",
     "Workload": "workload", "load_workload": "workload", "make_workload": "workload",
-    "use_host_cores": "engine.devices", "Params": "params", "make_params": "params",
+    "use_host_cores": "engine.mechanics.devices", "Params": "params", "make_params": "params",
 }
 _LAZY_MODULES = ("bounds", "clocks", "dvfs", "freqmap", "workload")
 

@@ -688,7 +688,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         folder = compile_cache.default_folder()
         if args.command in _COMPILING:
-            from .engine.devices import use_host_cores
+            from .engine.mechanics.devices import use_host_cores
 
             use_host_cores()  # one CPU device per core, before JAX starts
             if not args.no_compile_cache and folder is not None:

@@ -83,7 +83,7 @@ def test_policy_indices_out_of_range_are_refused(field, policies):
 
 
 def test_default_devices_respect_a_chosen_default_device():
-    code = ("import jaxsched, jax; from jaxsched.engine.devices import default_devices as d\n"
+    code = ("import jaxsched, jax; from jaxsched.engine.mechanics.devices import default_devices as d\n"
             "jaxsched.use_host_cores()\n"
             "with jax.default_device(jax.devices()[1]):\n    inner = d()\n"
             "print(d() == jax.devices(), inner == [jax.devices()[1]])")

@@ -1,4 +1,4 @@
-"""The marked-SM passes of the step (engine/columns.py): every marked SM's column is worked on
+"""The marked-SM passes of the step (engine/mechanics/columns.py): every marked SM's column is worked on
 exactly once, the first `k` of each configuration per pass, in SM order."""
 
 import jax.numpy as jnp
@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxsched.engine import columns
+from jaxsched.engine.mechanics import columns
 
 _MARKS = st.integers(1, 2).flatmap(
     lambda batch: st.integers(1, 8).flatmap(

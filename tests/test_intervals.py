@@ -1,4 +1,4 @@
-"""The blocked-interval arithmetic (engine/status.py, engine/exact.py) against the model's
+"""The blocked-interval arithmetic (engine/status.py, engine/mechanics/exact.py) against the model's
 per-cycle rules, cycle by cycle on the phase accumulator (docs/model.md sections 2, 7 and 11):
 the cycle at which a memory result arrives, and the long scoreboard / short scoreboard / wait
 split of a blocked interval, as the reference would count them."""
@@ -9,7 +9,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from jaxsched.engine.exact import floor_div
+from jaxsched.engine.mechanics.exact import floor_div
 from jaxsched.engine.status import blocked_split, cycles_in, mem_cycle
 
 

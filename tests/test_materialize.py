@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsched.engine.materialize import once
+from jaxsched.engine.mechanics.materialize import once
 
 
 def test_once_returns_its_values_under_vmap():

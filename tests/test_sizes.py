@@ -1,4 +1,4 @@
-"""Compiled sizes (engine/sizes.py): kernels that differ in grid size within one bucket,
+"""Compiled sizes (engine/mechanics/sizes.py): kernels that differ in grid size within one bucket,
 program length within one multiple of 8, or name share one compilation, and each gets its own
 exact results, its per-CTA trace cut back to its own grid."""
 
@@ -8,7 +8,7 @@ import pytest
 import jaxsched as js
 from jaxsched import reference
 from jaxsched.engine import run as engine_run
-from jaxsched.engine.sizes import quarter_octave
+from jaxsched.engine.mechanics.sizes import quarter_octave
 
 from helpers import small_arch
 from test_engine_vs_reference import assert_same

@@ -20,7 +20,7 @@ from ..kernel import FIXED, MEMORY, MIO
 from ..lower import QUEUE_ONE_TICK, Launch, Shapes
 from .launch_credit import collect, has_free_slot
 from .launches import Launches, instruction_fields, op_and_waits, per_launch_sum, update_ready, warp_program
-from .materialize import once
+from .mechanics.materialize import once
 from .residency import of_cta
 from .state import INF, N_PIPES, NO_WARP, State, Warps
 from .slots import by_scheduler, cta_slot_of, hardware_position, per_warp, q_index

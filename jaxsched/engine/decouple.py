@@ -49,7 +49,7 @@ from ..kernel import FIXED, MAX_DEP_SLOTS, MIO
 from ..lower import Launch, Shapes
 from .dispatch import Variation, takes_now
 from .dispatch_policies import ESTIMATE_POLICIES, STATIC_POLICIES, is_one_of
-from .exact import floor_div
+from .mechanics.exact import floor_div
 from .launches import Launches
 from .power import next_dvfs_event
 from .slots import hardware_position

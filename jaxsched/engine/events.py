@@ -18,13 +18,13 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int
 
 from ..lower import QUEUE_ONE_TICK, Launch, Shapes
-from .exact import floor_div
+from .mechanics.exact import floor_div
 from .cycle import Outlook
 from .decouple import Decoupling, chip_tick, limit
 from .dispatch import next_usable_tick
 from .launch_credit import collect, cycles_to_full, has_free_slot
 from .launches import Launches, next_ready_tick
-from .materialize import once
+from .mechanics.materialize import once
 from .power import next_dvfs_event
 from .state import State
 from .status import INF, Ready, class_bits, class_counts, cycles_in, ready_counts, stall_rows, throttled

@@ -44,10 +44,10 @@ from ..isa import Op
 from ..kernel import Kernel
 from ..lower import Launch, Shapes
 from .cycle import Outlook
-from .exact import floor_div
+from .mechanics.exact import floor_div
 from .launch_credit import can_launch
 from .launches import Launches
-from .materialize import once
+from .mechanics.materialize import once
 from .power import next_dvfs_event
 from .state import INF, NO_WARP, Counters, Recurrence, State
 from .status import cycles_in

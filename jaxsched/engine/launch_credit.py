@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..lower import Launch, Shapes
-from .exact import floor_div
+from .mechanics.exact import floor_div
 from .state import State
 
 

@@ -19,7 +19,7 @@ from jaxtyping import Array, Bool, Int
 
 from ..lower import Launch, Shapes
 from ..occupancy import REG_SHARE_ONE
-from .exact import floor_div
+from .mechanics.exact import floor_div
 from .launches import Launches
 from .slots import cta_slot_of, hardware_position, hardware_slot
 

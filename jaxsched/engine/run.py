@@ -31,7 +31,7 @@ from ..policies import DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MAR
 from ..lower import DISPATCH_POLICIES, WARP_POLICIES, Launch, Shapes, lower, policy_indices, shapes_for, validate
 from ..params import Params, dispatch_inputs, dvfs_input, make_params
 from ..workload import Workload
-from .devices import default_devices, mesh_of, sharded
+from .mechanics.devices import default_devices, mesh_of, sharded
 from .decouple import decoupling
 from .dispatch import variation_tables
 from .dispatch_policies import ESTIMATE_POLICIES
@@ -39,9 +39,9 @@ from .fast_forward import may_fast_forward
 from .launches import Launches, make_launches, single
 from .power import domains
 from .prepare import WorkloadInput, prepare_workload, workload_shapes
-from .sizes import compiled_input, compiled_shapes, unnamed
+from .mechanics.sizes import compiled_input, compiled_shapes, unnamed
 from .result import Result, outputs
-from .batching import chunked, default_chunk, padded_batch
+from .mechanics.batching import chunked, default_chunk, padded_batch
 from .step import Run, loop
 
 MAX_TICKS = 1 << 30  # ~0.54 s at 1.98 GHz; int32 ticks leave headroom above it
@@ -370,7 +370,7 @@ def simulate_batch(
     call (default `default_chunk`: on the CPU, as many as keep a step's arrays in cache;
     elsewhere all at once) on each device. `devices` (default: the one
     device of an enclosing `jax.default_device`, else every local device of the default backend:
-    on the CPU one per core, `engine/devices.py`) share the batch, each running a contiguous
+    on the CPU one per core, `engine/mechanics/devices.py`) share the batch, each running a contiguous
     slice of it. Results depend on neither, nor on `fast_forward` (as in `simulate`).
     """
     if isinstance(archs, Params) or (isinstance(archs, (list, tuple)) and archs and isinstance(archs[0], Params)):

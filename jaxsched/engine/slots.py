@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Int
 
 from ..lower import Shapes
-from .exact import floor_div
+from .mechanics.exact import floor_div
 
 
 def by_scheduler(x: Array, shapes: Shapes) -> Array:

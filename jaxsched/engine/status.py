@@ -22,7 +22,7 @@ from jaxtyping import Array, Bool, Int
 
 from ..isa import Op
 from ..kernel import MAX_DEP_SLOTS
-from .exact import floor_div
+from .mechanics.exact import floor_div
 from .slots import by_scheduler, per_warp
 from .state import INF, N_PIPES
 

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..lower import Launch, Shapes
-from . import columns
+from .mechanics import columns
 from .cycle import run_tick
 from .decouple import Decision, Decoupling, align, decide, dvfs_due, limit, settle, wanting
 from .dispatch import (Slots, Variation, commit, has_work, learn_cta_durations, place, placed, plan,

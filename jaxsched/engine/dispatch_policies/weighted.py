@@ -3,7 +3,7 @@ SM with the highest `floor(weight * 65536 / (resident + 1))`, ties to the lowest
 
 from jaxtyping import Array, Int
 
-from ..exact import floor_div
+from ..mechanics.exact import floor_div
 from . import View
 
 STATIC = True

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec
 
-from ..errors import check
+from ...errors import check
 
 ENV = "JAXSCHED_CPU_DEVICES"  # CPU devices to expose (default: the cores this process may use)
 AXIS = "config"

@@ -14,7 +14,7 @@ It pays on the CPU only: the GPU's fusions recompute less than the CPU's, and th
 materialising loop cost more than it saved (docs/engine_performance.md, "Per-scheduler issue arithmetic, computed once"
 and "Per-scheduler reductions along the minor axis, no 64-bit histogram, CPU chunks"), so on a
 GPU `once` returns its values as they are. (Its sibling `when`, a one-trip loop that skipped
-work no configuration of a batch needed, is gone: the column pass, `columns.py`, skips that work
+work no configuration of a batch needed, is gone: the column pass, `mechanics/columns.py`, skips that work
 by its own loop.)
 """
 

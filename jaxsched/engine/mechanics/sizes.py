@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..arch import Arch
-from ..kernel import MAX_DEP_SLOTS, Kernel, pad_data, pad_program
-from ..structure import MAX_BRANCHES, MAX_LOOPS, padded_count
-from ..lower import Shapes
-from .prepare import WorkloadInput
+from ...arch import Arch
+from ...kernel import MAX_DEP_SLOTS, Kernel, pad_data, pad_program
+from ...structure import MAX_BRANCHES, MAX_LOOPS, padded_count
+from ...lower import Shapes
+from ..prepare import WorkloadInput
 
 INSTR_QUANTUM = 8  # program lengths round up to a multiple of this
 

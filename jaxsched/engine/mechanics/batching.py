@@ -9,8 +9,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from ..lower import Shapes
-from .result import Result
+from ...lower import Shapes
+from ..result import Result
 
 # Configurations x SM slots x warp slots per vmapped chunk on each CPU device (one per core): a
 # step reads and writes some thirty [configuration, SM, warp] arrays, and past the core's own
