@@ -95,13 +95,13 @@ def paired_table(ds, sigmas: list[float], where: list[tuple[str, dict]]) -> str:
     return "\n".join(rows)
 
 
-def _shares(ds, sel: dict, policy: str, reference: np.ndarray) -> np.ndarray:
-    """[sigma, replicate] recovered shares of `policy` against `reference` [dispatch, sigma,
-    replicate]."""
-    make = ds.makespan_ns.sel(sel)
+def _shares(ds, sel: dict, policy: str, reference: np.ndarray, j: int) -> np.ndarray:
+    """[replicate] recovered shares of `policy` at the `j`-th spread against `reference`
+    [dispatch, sigma, replicate]."""
+    make = ds.makespan_ns.sel(sel).isel(clocks_sigma=j)
     index = list(ds.policy_dispatch.values).index(policy)
     return bounds.recovered(np.asarray(make.sel(policy_dispatch="hardware")),
-                            np.asarray(make.sel(policy_dispatch=policy)), reference[index])
+                            np.asarray(make.sel(policy_dispatch=policy)), reference[index, j])
 
 
 def recovered_table(ds, sigmas: list[float], where: list[tuple[str, dict]],
@@ -114,8 +114,8 @@ def recovered_table(ds, sigmas: list[float], where: list[tuple[str, dict]],
             "|---|---|" + "---|" * sum(s > 0 for s in sigmas)]
     for label, sel in where:
         for policy in (p for p in ds.policy_dispatch.values if p != "hardware"):
-            shares = [np.nanmedian(_shares(ds, sel, policy, references[label][n]), axis=-1) for n in names]
-            cells = [" / ".join(f"{100 * x[j]:.0f} %" for x in shares) for j, s in enumerate(sigmas) if s > 0]
+            cells = [" / ".join(f"{100 * np.nanmedian(_shares(ds, sel, policy, references[label][n], j)):.0f} %"
+                                for n in names) for j, s in enumerate(sigmas) if s > 0]
             rows.append(f"| {label} | {policy} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -134,8 +134,9 @@ def acceptance_table(ds, sigmas: list[float], where: list[tuple[str, dict]],
         hw = np.asarray(make.sel(policy_dispatch="hardware"))
         for policy in (p for p in ds.policy_dispatch.values if p != "hardware"):
             mine = np.asarray(make.sel(policy_dispatch=policy))
-            shares = _shares(ds, sel, policy, references[label]["clairvoyant"])
-            cells = [f"{100 * np.nanmean(shares[j]):.0f} %, {100 * np.mean(mine[j] < hw[j]):.0f} %" for j, _ in spread]
+            clairvoyant = references[label]["clairvoyant"]
+            cells = [f"{100 * np.nanmean(_shares(ds, sel, policy, clairvoyant, j)):.0f} %, "
+                     f"{100 * np.mean(mine[j] < hw[j]):.0f} %" for j, _ in spread]
             cells += [f"{100 * np.mean(mine[j] / hw[j] - 1):+.2f} %" for j in uniform]
             rows.append(f"| {label} | {policy} | " + " | ".join(cells) + " |")
     return "\n".join(rows)

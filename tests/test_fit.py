@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -210,11 +212,11 @@ def test_engine_search_picks_the_candidate_best_in_the_exact_engine(tmp_path):
     prob, _ = dispatch_spec.problem(spec, prep)
     result = dispatch_spec.engine_search(spec, prep, prob, "closed_loop_tail")
     grid = dispatch_spec.ENGINE_GRID["closed_loop_tail"]
-    assert result.loss.shape == (len(grid["ema_alpha"]) * len(grid["hold_margin"]), 1)
+    assert result.loss.shape == (int(np.prod([len(v) for v in grid.values()])), 1)
     best = dispatch_fit.portable_inputs("closed_loop_tail", {k: float(v[0]) for k, v in result.theta.items()})
     i = int(np.argmin(result.loss[:, 0]))
-    assert best["ema_alpha"] == pytest.approx(grid["ema_alpha"][i // len(grid["hold_margin"])])
-    assert best["hold_margin"] == pytest.approx(grid["hold_margin"][i % len(grid["hold_margin"])])
+    chosen = list(itertools.product(*grid.values()))[i]
+    assert [best[k] for k in grid] == pytest.approx(list(chosen))
     (kernel,) = spec.kernels  # one kernel: the problem's configurations are the training chips
     again = [float(js.simulate(spec.arch, kernel, clk, warp_policy=spec.warp_policy, dispatch="closed_loop",
                                ema_alpha=best["ema_alpha"], hold_margin=best["hold_margin"]).makespan_ns) / float(f)
