@@ -202,9 +202,12 @@ def test_dispatch_spec_errors_name_the_field(tmp_path, old, new, field):
         dispatch_spec.loads(SPEC.replace(old, new), base_dir=tmp_path)
 
 
-def test_engine_search_picks_the_candidate_best_in_the_exact_engine(tmp_path):
+def test_engine_search_picks_the_candidate_best_in_the_exact_engine(tmp_path, monkeypatch):
     """`method = "engine"`: every candidate runs in the exact engine on the training chips; theta
-    is the one with the lowest mean makespan over the fluid bound, written back as logits."""
+    is the one with the lowest mean makespan over the fluid bound, written back as logits (on a
+    grid of 2 x 3 candidates, for the suite's time)."""
+    monkeypatch.setitem(dispatch_spec.ENGINE_GRID, "closed_loop_tail",
+                        {"ema_alpha": (0.25, 0.5), "hold_margin": (1 / 32, 1 / 8, 1 / 2)})
     (tmp_path / "small.toml").write_text(archio.dumps(ARCH))
     text = SPEC.replace('families = ["weighted", "closed_loop"]', 'families = ["closed_loop_tail"]')
     spec = dispatch_spec.loads(text.replace("steps = 2", 'steps = 2\nmethod = "engine"'), base_dir=tmp_path)
