@@ -29,6 +29,7 @@ from jaxsched.engine.mechanics.devices import mesh_of
 from jaxsched.engine.fast_forward import may_fast_forward
 from jaxsched.engine.run import MAX_TICKS, _compiled, default_chunk, stack
 from jaxsched.lower import WARP_POLICIES, shapes_for
+from jaxsched.policies import DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN
 
 _LOOP_TAIL = ["  alu", "  alu dep", "  alu dep"]  # IADD3, ISETP, BRA
 
@@ -72,8 +73,8 @@ def main() -> None:
     weights = np.stack([np.asarray(m.sm_freq_mhz, np.int32) for m in maps])
     inputs = (stack([arch] * n), stack([kernel] * n), stack(maps),
               np.full(n, WARP_POLICIES.index(args.warp_policy), np.int32), np.zeros(n, np.int32),
-              np.zeros(n, np.int32), weights, np.full(n, 0.25, np.float32), np.zeros(n, np.float32),
-              stack([off] * n))
+              np.zeros(n, np.int32), weights, np.full(n, DEFAULT_EMA_ALPHA, np.float32),
+              np.full(n, DEFAULT_EMA_PRIOR_NS, np.float32), np.full(n, DEFAULT_HOLD_MARGIN, np.float32), stack([off] * n))
     with jax.enable_x64(True):
         t0 = time.perf_counter()
         shapes = dataclasses.replace(shapes_for(arch, kernel), dvfs=False, closed_loop=False,

@@ -35,6 +35,7 @@ from jaxsched.engine.fast_forward import may_fast_forward
 from jaxsched.engine.run import MAX_TICKS, _compiled, default_chunk, stack, uses_closed_loop
 from jaxsched.lower import shapes_for
 from jaxsched.kernel import make_kernel
+from jaxsched.policies import DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN
 
 PROGRAM = """
 loop {trips} cta_spread=2
@@ -98,8 +99,9 @@ def main() -> None:
                           power_cap_w=0.5 * float(arch.power_limit_w))
     weights = np.stack([np.asarray(m.sm_freq_mhz, np.int32) for m in maps])
     inputs = (stack([arch] * n), stack([kernel] * n), stack(maps), policies.astype(np.int32),
-              np.zeros(n, np.int32), np.zeros(n, np.int32), weights, np.full(n, 0.25, np.float32),
-              np.zeros(n, np.float32), stack([params] * n))
+              np.zeros(n, np.int32), np.zeros(n, np.int32), weights, np.full(n, DEFAULT_EMA_ALPHA, np.float32),
+              np.full(n, DEFAULT_EMA_PRIOR_NS, np.float32), np.full(n, DEFAULT_HOLD_MARGIN, np.float32),
+              stack([params] * n))
     with jax.enable_x64(True):
         t0 = time.perf_counter()
         shapes = dataclasses.replace(shapes_for(arch, kernel), dvfs=args.dvfs,  # as simulate_batch decides

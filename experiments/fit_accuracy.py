@@ -43,6 +43,7 @@ from jaxsched import surrogate as sg
 from jaxsched import trace
 from jaxsched.surrogate import dispatch_fit, dispatch_spec, speeds
 from jaxsched.policies import DEFAULT_HOLD_MARGIN
+from jaxsched.params import dvfs_input
 
 ARCH = js.presets.get("h200")  # `--arch` replaces it (a preset name or an arch TOML)
 COMPUTE = "loop 64\n fma dep\nend"
@@ -232,7 +233,7 @@ def _prototype_per_sm_prior(arch, kernel, clk, alpha: float, prior_ns: np.ndarra
         result = engine_run._compiled(
             arch, kernel, clk, np.int32(warp), np.int32(js.DISPATCH_POLICIES.index("closed_loop")), np.int32(0),
             np.asarray(clk.sm_freq_mhz, np.int32), np.float32(alpha), np.asarray(prior_ns, np.float32),
-            engine_run._dvfs_input(arch, None), shapes=shapes_for(arch, kernel), max_ticks=engine_run.MAX_TICKS,
+            np.float32(DEFAULT_HOLD_MARGIN), dvfs_input(arch, None), shapes=shapes_for(arch, kernel), max_ticks=engine_run.MAX_TICKS,
             batched=False)
     return float(result.makespan_ns)
 
