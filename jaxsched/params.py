@@ -107,4 +107,5 @@ def make_params(
                   warp_policy=np.int32(policy_index(warp_policy, WARP_POLICIES, "warp_policy")),
                   dispatch=np.int32(policy_index(dispatch, DISPATCH_POLICIES, "dispatch")),
                   dispatch_start=np.int32(dispatch_start), dispatch_weight=weight, ema_alpha=alpha,
-                  ema_prior_ns=prior, hold_margin=margin, dvfs=off(arch) if dvfs is None else dvfs)  # checked by __check_init__
+                  ema_prior_ns=prior, hold_margin=margin,
+                  dvfs=off(arch) if dvfs is None else dvfs)  # checked by __check_init__

@@ -120,7 +120,8 @@ def _hold_for_better_slots(
 ) -> Array:
     """Closed loop in the tail: keep the CTA if the `left` CTAs (the head launch's, this one
     included) fit in slots expected to finish them earlier than `sm` would, by the hold margin
-    (a share of `sm`'s estimate): occupied slots (of any launch), and free slots still launching (`launching_tick`, INF elsewhere)
+    (a share of `sm`'s estimate): occupied slots (of any launch), and free slots still launching
+    (`launching_tick`, INF elsewhere)
     (docs/model.md sections 9 and 13)."""
     now = tick.astype(jnp.int64)
     target = now + est[sm]

@@ -45,7 +45,8 @@ from ..errors import INT32_MAX, check
 from ..issue_bound import IssueDemand, issue_demand, issue_ns
 from ..kernel import Kernel, kernel_from_dict
 from ..lower import DISPATCH_POLICIES, WARP_POLICIES
-from ..policies import DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN, DEFAULT_WARP_POLICY, FITTED_DISPATCH
+from ..policies import (DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN, DEFAULT_WARP_POLICY,
+                        FITTED_DISPATCH)
 from ..sweep import MAX_SEED, clock_map
 from . import dispatch_fit as df
 from .launch import (

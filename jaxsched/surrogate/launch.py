@@ -27,7 +27,8 @@ from ..engine.run import Result, simulate_batch
 from ..errors import check
 from ..kernel import Kernel
 from ..lower import DISPATCH_POLICIES, WARP_POLICIES, lower, policy_index
-from ..policies import DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN, DEFAULT_WARP_POLICY
+from ..policies import (DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN,
+                        DEFAULT_WARP_POLICY)
 from ..occupancy import occupancy
 
 WORK_CLOCKS = (1.0, 0.7)  # the two uniform clocks of `measure_work`, as fractions of boost
