@@ -5,7 +5,7 @@ that the exact engine runs, and what a sweep runs where `[policy] dispatch = "fi
     # jaxsched fit dispatch sweeps/fit_dispatch.toml: family closed_loop_tail, ...
     [policy]
     dispatch = "closed_loop"     # the engine policy (one of jaxsched.DISPATCH_POLICIES)
-    ema_alpha = 0.41             # its parameters (sweep paths policy.*; absent: the defaults)
+    ema_alpha = 0.41             # its parameters (sweep paths policy.*; absent: jaxsched's defaults)
     ema_prior_ns = 0.0
     hold_margin = 0.05
 
@@ -20,14 +20,18 @@ from pathlib import Path
 
 from . import sweep_paths, tomldoc
 from .errors import check
-from .policies import DISPATCH_POLICIES, FITTED_DISPATCH
+from .policies import (DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN, DISPATCH_POLICIES,
+                       FITTED_DISPATCH)
 
-FIELDS = ("ema_alpha", "ema_prior_ns", "hold_margin")  # the policy parameters a file may set
+# The policy parameters a file may set, with the defaults it runs where it does not (not the
+# spec's values: a fitted policy runs the same in every sweep).
+DEFAULTS = {"ema_alpha": DEFAULT_EMA_ALPHA, "ema_prior_ns": DEFAULT_EMA_PRIOR_NS, "hold_margin": DEFAULT_HOLD_MARGIN}
+FIELDS = tuple(DEFAULTS)
 
 
 @dataclasses.dataclass(frozen=True)
 class FittedPolicy:
-    """An engine dispatch policy with its parameters (`FIELDS`), and the file's text."""
+    """An engine dispatch policy with every one of its parameters (`FIELDS`), and the file's text."""
 
     dispatch: str
     values: dict[str, float]
@@ -54,7 +58,7 @@ def loads(text: str, source: str) -> FittedPolicy:
     check(dispatch in DISPATCH_POLICIES, f"{source}: policy.dispatch", dispatch,
           f"one of the engine's policies {DISPATCH_POLICIES} (not {FITTED_DISPATCH!r})")
     params = sweep_paths.GROUPS["policy"].params
-    values = {k: float(params[k].check(f"{source}: policy.{k}", v)) for k, v in table.items() if k in FIELDS}
+    values = {k: float(params[k].check(f"{source}: policy.{k}", table.get(k, v))) for k, v in DEFAULTS.items()}
     return FittedPolicy(dispatch=dispatch, values=values, text=text)
 
 
