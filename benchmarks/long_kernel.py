@@ -24,12 +24,13 @@ import jax
 import numpy as np
 
 import jaxsched as js
-from jaxsched import clocks, dvfs
+from jaxsched import clocks
 from jaxsched.engine.mechanics.devices import mesh_of
 from jaxsched.engine.fast_forward import may_fast_forward
-from jaxsched.engine.run import MAX_TICKS, _compiled, default_chunk, stack
+from jaxsched.engine.configure import engine_params
+from jaxsched.engine.run import MAX_TICKS, _compiled, default_chunk
 from jaxsched.lower import WARP_POLICIES, shapes_for
-from jaxsched.policies import DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN
+from jaxsched.params import make_params
 
 _LOOP_TAIL = ["  alu", "  alu dep", "  alu dep"]  # IADD3, ISETP, BRA
 
@@ -69,24 +70,21 @@ def main() -> None:
     trips = args.trips or (3125 if args.kernel == "fma" else 1562)
     arch, kernel, maps = workload(args.batch, args.waves, args.kernel, trips)
     n = args.batch
-    off = dvfs.off(arch)
-    weights = np.stack([np.asarray(m.sm_freq_mhz, np.int32) for m in maps])
-    inputs = (stack([arch] * n), stack([kernel] * n), stack(maps),
-              np.full(n, WARP_POLICIES.index(args.warp_policy), np.int32), np.zeros(n, np.int32),
-              np.zeros(n, np.int32), weights, np.full(n, DEFAULT_EMA_ALPHA, np.float32),
-              np.full(n, DEFAULT_EMA_PRIOR_NS, np.float32), np.full(n, DEFAULT_HOLD_MARGIN, np.float32), stack([off] * n))
+    shapes = shapes_for(arch, kernel)
+    inputs = js.stack([engine_params(make_params(arch, kernel, m, warp_policy=args.warp_policy), kernel, shapes)
+                    for m in maps])
     with jax.enable_x64(True):
         t0 = time.perf_counter()
-        shapes = dataclasses.replace(shapes_for(arch, kernel), dvfs=False, closed_loop=False,
+        shapes = dataclasses.replace(shapes, dvfs=False, closed_loop=False,
                                      fast_forward=not args.no_fast_forward and may_fast_forward(kernel))
         shapes = dataclasses.replace(shapes, free_sms=shapes.fast_forward and not args.lockstep)
         chunk = args.chunk or default_chunk(shapes)
         devices = jax.local_devices()[:args.devices or None]
-        compiled = _compiled.lower(*inputs, shapes=shapes, max_ticks=MAX_TICKS, batched=True, chunk=chunk,
+        compiled = _compiled.lower(inputs, shapes=shapes, max_ticks=MAX_TICKS, batched=True, chunk=chunk,
                                    mesh=mesh_of(devices)).compile()
         compile_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
-        result = jax.device_get(compiled(*inputs))
+        result = jax.device_get(compiled(inputs))
         run_seconds = time.perf_counter() - t0
     sm_cycles = float(np.sum(result.sm_cycles))
     ticks = np.asarray(result.makespan_ticks, np.float64)

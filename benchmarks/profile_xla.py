@@ -29,7 +29,8 @@ import jax
 from throughput import workload
 
 from jaxsched.engine.mechanics.devices import use_host_cores
-from jaxsched.engine.run import _prepare, stack
+from jaxsched.engine.configure import run_tables
+from jaxsched.stacking import stack
 from jaxsched.engine.step import loop, start
 from jaxsched.lower import lower, shapes_for
 
@@ -140,7 +141,7 @@ def main() -> None:
                                  fast_forward=not args.no_fast_forward)
     with jax.enable_x64(True):
         launches = jax.jit(jax.vmap(lambda c: lower(arch, kernel, c, 1, 0, 0)))(stack(maps))
-        runs = jax.jit(jax.vmap(lambda l: _prepare(l, shapes, None, None)))(launches)
+        runs = jax.jit(jax.vmap(lambda l: run_tables(l, shapes, None, None)))(launches)
         begin = jax.jit(jax.vmap(lambda r: start(r, shapes)))(runs)
         if args.from_ticks:
             begin = jax.jit(lambda r, s: loop(r, shapes, args.from_ticks, s)[0])(runs, begin)

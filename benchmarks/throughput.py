@@ -32,10 +32,11 @@ import jaxsched as js
 from jaxsched import clocks, dvfs, reference
 from jaxsched.engine.mechanics.devices import mesh_of
 from jaxsched.engine.fast_forward import may_fast_forward
-from jaxsched.engine.run import MAX_TICKS, _compiled, default_chunk, stack, uses_closed_loop
+from jaxsched.engine.configure import engine_params
+from jaxsched.engine.run import MAX_TICKS, _compiled, default_chunk, uses_closed_loop
 from jaxsched.lower import shapes_for
 from jaxsched.kernel import make_kernel
-from jaxsched.policies import DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN
+from jaxsched.params import make_params
 
 PROGRAM = """
 loop {trips} cta_spread=2
@@ -64,14 +65,14 @@ def _timed(fn) -> dict:
     return {"value": value, "seconds": time.perf_counter() - t0}
 
 
-def _reference_cycles(arch, kernel, maps, policies, params, round_index: int, n_configs: int) -> int:
+def _reference_cycles(arch, kernel, maps, policies, dvfs_params, round_index: int, n_configs: int) -> int:
     """SM cycles the plain-Python reference simulates for `n_configs` of the batch's
     configurations (the next slice each round). The warp policy cycles with the configuration
     index, so 3 configurations per round cover the batch's mix."""
     total = 0
     for j in range(n_configs):
         i = (round_index * n_configs + j) % len(maps)
-        r = reference.simulate(arch, kernel, maps[i], warp_policy=int(policies[i]), dvfs=params)
+        r = reference.simulate(arch, kernel, maps[i], warp_policy=int(policies[i]), dvfs=dvfs_params)
         total += int(np.sum(r["sm_cycles"]))
     return total
 
@@ -95,29 +96,27 @@ def main() -> None:
     arch, kernel, maps, policies = workload(args.batch, args.trips)
     n = args.batch
     mode = "dvfs" if args.dvfs else "off"
-    params = dvfs.default(arch, mode=mode, period_us=0.5, latency_us=0.25,
-                          power_cap_w=0.5 * float(arch.power_limit_w))
-    weights = np.stack([np.asarray(m.sm_freq_mhz, np.int32) for m in maps])
-    inputs = (stack([arch] * n), stack([kernel] * n), stack(maps), policies.astype(np.int32),
-              np.zeros(n, np.int32), np.zeros(n, np.int32), weights, np.full(n, DEFAULT_EMA_ALPHA, np.float32),
-              np.full(n, DEFAULT_EMA_PRIOR_NS, np.float32), np.full(n, DEFAULT_HOLD_MARGIN, np.float32),
-              stack([params] * n))
+    dvfs_params = dvfs.default(arch, mode=mode, period_us=0.5, latency_us=0.25,
+                               power_cap_w=0.5 * float(arch.power_limit_w))
+    shapes = shapes_for(arch, kernel)
+    inputs = js.stack([engine_params(make_params(arch, kernel, m, warp_policy=int(wp), dvfs=dvfs_params), kernel, shapes)
+                    for m, wp in zip(maps, policies)])
     with jax.enable_x64(True):
         t0 = time.perf_counter()
-        shapes = dataclasses.replace(shapes_for(arch, kernel), dvfs=args.dvfs,  # as simulate_batch decides
-                                     closed_loop=uses_closed_loop(inputs[4]),
+        shapes = dataclasses.replace(shapes, dvfs=args.dvfs,  # as simulate_batch decides
+                                     closed_loop=uses_closed_loop(inputs.dispatch),
                                      fast_forward=not args.no_fast_forward and may_fast_forward(kernel))
         chunk = args.chunk or default_chunk(shapes)  # as simulate_batch decides
         devices = jax.local_devices()[:args.devices or None]
-        compiled = _compiled.lower(*inputs, shapes=shapes, max_ticks=MAX_TICKS,
+        compiled = _compiled.lower(inputs, shapes=shapes, max_ticks=MAX_TICKS,
                                    batched=True, chunk=chunk, mesh=mesh_of(devices)).compile()
         compile_seconds = time.perf_counter() - t0
         engine_runs = []
         for r in range(args.rounds):
-            engine_runs.append(_timed(lambda: jax.device_get(compiled(*inputs))))
+            engine_runs.append(_timed(lambda: jax.device_get(compiled(inputs))))
             if args.reference_configs:
                 engine_runs[-1]["reference"] = _timed(lambda: _reference_cycles(
-                    arch, kernel, maps, policies, params if args.dvfs else None, r, args.reference_configs))
+                    arch, kernel, maps, policies, dvfs_params if args.dvfs else None, r, args.reference_configs))
     result = engine_runs[0]["value"]
     if any(not np.array_equal(e["value"].makespan_ticks, result.makespan_ticks) for e in engine_runs):
         raise SystemExit("the engine's rounds differ: results must be deterministic")

@@ -43,7 +43,6 @@ from jaxsched import surrogate as sg
 from jaxsched import trace
 from jaxsched.surrogate import dispatch_fit, dispatch_spec, speeds
 from jaxsched.policies import DEFAULT_HOLD_MARGIN
-from jaxsched.params import dvfs_input
 
 ARCH = js.presets.get("h200")  # `--arch` replaces it (a preset name or an arch TOML)
 COMPUTE = "loop 64\n fma dep\nend"
@@ -226,15 +225,18 @@ def _prototype_per_sm_prior(arch, kernel, clk, alpha: float, prior_ns: np.ndarra
     """PROTOTYPE of the proposed engine change: closed_loop with one EMA prior per SM. The engine
     already keeps one estimate per SM; only `simulate`'s validation takes a scalar, so this calls
     the internal compiled entry point. Not public API; docs/surrogate.md, "Proposal"."""
+    import equinox as eqx
+
     from jaxsched.engine import run as engine_run
+    from jaxsched.engine.configure import engine_params
     from jaxsched.lower import shapes_for
 
+    params = js.make_params(arch, kernel, clk, warp_policy=warp, dispatch="closed_loop", ema_alpha=alpha)
+    params = eqx.tree_at(lambda p: p.ema_prior_ns, params, np.asarray(prior_ns, np.float32))  # one per SM
+    shapes = shapes_for(arch, kernel)
     with jax.enable_x64(True):
-        result = engine_run._compiled(
-            arch, kernel, clk, np.int32(warp), np.int32(js.DISPATCH_POLICIES.index("closed_loop")), np.int32(0),
-            np.asarray(clk.sm_freq_mhz, np.int32), np.float32(alpha), np.asarray(prior_ns, np.float32),
-            np.float32(DEFAULT_HOLD_MARGIN), dvfs_input(arch, None), shapes=shapes_for(arch, kernel), max_ticks=engine_run.MAX_TICKS,
-            batched=False)
+        result = engine_run._compiled(engine_params(params, kernel, shapes), shapes=shapes,
+                                      max_ticks=engine_run.MAX_TICKS, batched=False)
     return float(result.makespan_ns)
 
 

@@ -29,7 +29,7 @@ from .sass_import import from_sass
 # Nothing here changes JAX's configuration: `use_host_cores()` does, when called.
 _LAZY = {
     "Arch": "arch", "make_arch": "arch", "Clocks": "clocks",
-    "Result": "engine.result", "simulate": "engine.run", "simulate_batch": "engine.run", "stack": "engine.run",
+    "Result": "engine.result", "simulate": "engine.run", "simulate_batch": "engine.run", "stack": "stacking",
     "Kernel": "kernel", "load_kernel": "kernel", "make_kernel": "kernel", "resident_grid": "kernel",
     "Workload": "workload", "load_workload": "workload", "make_workload": "workload",
     "use_host_cores": "engine.mechanics.devices", "Params": "params", "make_params": "params",

@@ -61,13 +61,41 @@ class Shapes:
         return self.warp_slots // self.schedulers
 
 
-class Launch(eqx.Module):
-    """One configuration in the engines' integer units (docs/model.md, "Lowering")."""
+class Clocking(eqx.Module):
+    """The clocks in ticks: the tick rate, each SM's clock, DVFS (docs/model.md sections 2 and 12)."""
 
     tick_mhz: Int[Array, ""]  # the global tick rate: the fastest clock an enabled SM can reach
     sm_freq_mhz: Int[Array, " sm"]  # 0 for floorswept SMs
+    dvfs: DvfsLaunch
+
+
+class Chip(eqx.Module):
+    """What the architecture fixes for every launch on it: the SMs that exist, the MIO queue and
+    the CTA launch path (docs/model.md sections 7 and 9)."""
+
     sm_enabled: Bool[Array, " sm"]
+    mio_depth: Int[Array, ""]
+    cta_launch_ticks: Int[Array, ""]  # a freed CTA slot takes its next CTA this much later
+    taken_branch_cycles: Int[Array, ""]  # a warp jumping back to its loop start waits this long
+    launch_idle_cycles: Int[Array, ""]  # starved scheduler-cycles an SM collects per refill, 0: off
+
+
+class Policy(eqx.Module):
+    """The warp and dispatch policies and their parameters (docs/model.md sections 7 and 9)."""
+
+    warp_policy: Int[Array, ""]
+    dispatch_policy: Int[Array, ""]
     dispatch_rank: Int[Array, " sm"]  # position of each SM in the rotated dispatch order
+    dispatch_weight: Int[Array, " sm"]  # weighted policy: integer weight per SM, 0 if floorswept
+    ema_alpha_256: Int[Array, ""]  # closed-loop smoothing, 0..256
+    ema_prior_ticks: Int[Array, ""]  # closed-loop initial estimate of a CTA's duration
+    hold_margin_256: Int[Array, ""]  # closed-loop hold margin, a share of the estimate in 1/256, 0..256
+
+
+class Program(eqx.Module):
+    """One kernel on this chip: its grid and CTA shape, what one CTA holds of an SM, its
+    instructions in engine units, its structure and variation (docs/model.md sections 3-8)."""
+
     n_ctas: Int[Array, ""]
     warps_per_cta: Int[Array, ""]
     lanes_last_warp: Int[Array, ""]
@@ -76,13 +104,6 @@ class Launch(eqx.Module):
     warp_reg_share: Int[Array, ""]  # per warp, in REG_SHARE_ONE per sub-partition
     cta_smem_bytes: Int[Array, ""]  # allocated shared memory
     smem_per_sm_bytes: Int[Array, ""]  # the SM's shared-memory size (the carveout)
-    mio_depth: Int[Array, ""]
-    warp_policy: Int[Array, ""]
-    dispatch_policy: Int[Array, ""]
-    dispatch_weight: Int[Array, " sm"]  # weighted policy: integer weight per SM, 0 if floorswept
-    ema_alpha_256: Int[Array, ""]  # closed-loop smoothing, 0..256
-    ema_prior_ticks: Int[Array, ""]  # closed-loop initial estimate of a CTA's duration
-    hold_margin_256: Int[Array, ""]  # closed-loop hold margin, a share of the estimate in 1/256, 0..256
     # per instruction
     op: Int[Array, " instr"]
     waits: Int[Array, " instr"]  # dependence slots it waits for (bits per kind of result; a bare `dep`: every slot)
@@ -107,15 +128,22 @@ class Launch(eqx.Module):
     branch_threshold: Int[Array, " branch"]
     seed: Int[Array, ""]
     grid_sync_ticks: Int[Array, ""]
-    cta_launch_ticks: Int[Array, ""]  # a freed CTA slot takes its next CTA this much later
-    taken_branch_cycles: Int[Array, ""]  # a warp jumping back to its loop start waits this long
-    launch_idle_cycles: Int[Array, ""]  # starved scheduler-cycles an SM collects per refill, 0: off
     work_items: Int[Array, ""]  # persistent kernel's queue length, 0: off
     trips_from_data: Bool[Array, " loop"]  # trip counts from `trips_data` (else the hashes, section 4)
     trips_data: Int[Array, "loop cta 32"]
     if_from_data: Bool[Array, " branch"]  # if-path lane masks from `if_data`
     if_data: Int[Array, "branch cta 32"]
-    dvfs: DvfsLaunch
+
+
+class Launch(eqx.Module):
+    """One configuration in the engines' integer units (docs/model.md, "Lowering"), in four
+    parts: the clocks, the chip, the policies, and the program. A workload's launches share the
+    first three and each has its own program (section 13)."""
+
+    clocks: Clocking
+    chip: Chip
+    policy: Policy
+    program: Program
 
 
 def policy_index(name: str | int, known: tuple[str, ...], field: str) -> int:
@@ -174,8 +202,15 @@ def validate(arch: Arch, kernel: Kernel, clocks: Clocks) -> None:
     check(isinstance(kernel, Kernel), "kernel", type(kernel).__name__, "a jaxsched.Kernel")
     check(isinstance(clocks, Clocks), "clocks", type(clocks).__name__, "a jaxsched.Clocks")
     validate_arch(arch)
-    validate_kernel(kernel)
     validate_clocks(arch, clocks)
+    validate_launch(arch, kernel)
+
+
+def validate_launch(arch: Arch, kernel: Kernel) -> None:
+    """Raise `JaxschedError` for a kernel that cannot launch on `arch` (concrete inputs, `arch`
+    already checked): its own fields, its CTA's resources, its barriers and its grid."""
+    check(isinstance(kernel, Kernel), "kernel", type(kernel).__name__, "a jaxsched.Kernel")
+    validate_kernel(kernel)
     check_launch(arch, kernel.threads_per_cta, kernel.regs_per_thread,
                  kernel.dynamic_smem_bytes, kernel.static_smem_bytes)
     occ = occupancy(arch, kernel.threads_per_cta, kernel.regs_per_thread,
@@ -292,55 +327,63 @@ def _lower(
     regs_per_warp = -(-i32(kernel.regs_per_thread) * arch.warp_size // i32(arch.reg_alloc_unit)) * i32(arch.reg_alloc_unit)
     warps_per_sub = (i32(arch.regs_per_sm) // arch.schedulers_per_sm) // jnp.maximum(regs_per_warp, 1)
     return Launch(
-        tick_mhz=tick_mhz,
-        sm_freq_mhz=freq,
-        sm_enabled=enabled,
-        dispatch_rank=rank.astype(jnp.int32),
-        n_ctas=i32(kernel.grid_ctas),
-        warps_per_cta=warps,
-        lanes_last_warp=threads - arch.warp_size * (warps - 1),
-        ctas_per_sm=occ.blocks_per_sm,
-        warp_reg_share=jnp.where(regs_per_warp > 0, REG_SHARE_ONE // jnp.maximum(warps_per_sub, 1), 0),
-        cta_smem_bytes=occ.smem_per_block_allocated_bytes,
-        smem_per_sm_bytes=occ.smem_per_sm_bytes,
-        mio_depth=i32(arch.mio_queue_depth),
-        warp_policy=i32(warp_policy),
-        dispatch_policy=i32(dispatch_policy),
-        dispatch_weight=jnp.where(enabled, freq if dispatch_weight is None else i32(dispatch_weight), 0),
-        ema_alpha_256=_round_i32(jnp.asarray(ema_alpha, jnp.float64) * 256.0),
-        ema_prior_ticks=ns_to_ticks(ema_prior_ns, tick_mhz),
-        hold_margin_256=_round_i32(jnp.asarray(hold_margin, jnp.float64) * 256.0),
-        op=op,
-        waits=jnp.where(jnp.asarray(kernel.dep), (1 << WAIT_BITS) - 1, i32(kernel.waits)),
-        writes=i32(kernel.writes),
-        lat_cycles=jnp.asarray(arch.latency_cycles)[op],
-        issue_cost64=_round_i32(jnp.asarray(arch.issue_cycles, jnp.float64)[op] * ISSUE_UNITS_PER_CYCLE),
-        mio_cost=mio_cost,
-        mem_lat_ticks=jnp.where(is_ldg, ns_to_ticks(mem_lat_ns, tick_mhz), 0),
-        l2_cost=jnp.where(is_ldg, jnp.maximum(l2_cost, 1), 0),
-        dram_cost=jnp.where(is_ldg, dram_cost, 0),
-        grid_sync=jnp.asarray(kernel.grid_sync) & (op == Op.BAR),
-        loop_start=i32(kernel.loop_start),
-        loop_end=i32(kernel.loop_end),
-        branch_start=i32(kernel.branch_start),
-        branch_mid=i32(kernel.branch_mid),
-        branch_end=i32(kernel.branch_end),
-        branch_parent=i32(kernel.branch_parent),
-        trips=i32(kernel.trips),
-        trips_cta_spread=i32(kernel.trips_cta_spread),
-        trips_warp_spread=i32(kernel.trips_warp_spread),
-        branch_threshold=_round_i32(kernel.branch_if_probability * BRANCH_HASH_ONE),
-        seed=i32(kernel.seed),
-        grid_sync_ticks=ns_to_ticks(kernel.grid_sync_ns, tick_mhz),
-        cta_launch_ticks=ns_to_ticks(arch.cta_launch_ns, tick_mhz),
-        taken_branch_cycles=i32(arch.taken_branch_cycles),
-        launch_idle_cycles=i32(arch.cta_launch_idle_cycles),
-        work_items=i32(kernel.work_items),
-        trips_from_data=jnp.asarray(kernel.trips_from_data),
-        trips_data=i32(kernel.trips_data),
-        if_from_data=jnp.asarray(kernel.if_from_data),
-        if_data=i32(kernel.if_data),
-        dvfs=lower_dvfs(dvfs, arch, tick_mhz),
+        clocks=Clocking(
+            tick_mhz=tick_mhz,
+            sm_freq_mhz=freq,
+            dvfs=lower_dvfs(dvfs, arch, tick_mhz),
+        ),
+        chip=Chip(
+            sm_enabled=enabled,
+            mio_depth=i32(arch.mio_queue_depth),
+            cta_launch_ticks=ns_to_ticks(arch.cta_launch_ns, tick_mhz),
+            taken_branch_cycles=i32(arch.taken_branch_cycles),
+            launch_idle_cycles=i32(arch.cta_launch_idle_cycles),
+        ),
+        policy=Policy(
+            warp_policy=i32(warp_policy),
+            dispatch_policy=i32(dispatch_policy),
+            dispatch_rank=rank.astype(jnp.int32),
+            dispatch_weight=jnp.where(enabled, freq if dispatch_weight is None else i32(dispatch_weight), 0),
+            ema_alpha_256=_round_i32(jnp.asarray(ema_alpha, jnp.float64) * 256.0),
+            ema_prior_ticks=ns_to_ticks(ema_prior_ns, tick_mhz),
+            hold_margin_256=_round_i32(jnp.asarray(hold_margin, jnp.float64) * 256.0),
+        ),
+        program=Program(
+            n_ctas=i32(kernel.grid_ctas),
+            warps_per_cta=warps,
+            lanes_last_warp=threads - arch.warp_size * (warps - 1),
+            ctas_per_sm=occ.blocks_per_sm,
+            warp_reg_share=jnp.where(regs_per_warp > 0, REG_SHARE_ONE // jnp.maximum(warps_per_sub, 1), 0),
+            cta_smem_bytes=occ.smem_per_block_allocated_bytes,
+            smem_per_sm_bytes=occ.smem_per_sm_bytes,
+            op=op,
+            waits=jnp.where(jnp.asarray(kernel.dep), (1 << WAIT_BITS) - 1, i32(kernel.waits)),
+            writes=i32(kernel.writes),
+            lat_cycles=jnp.asarray(arch.latency_cycles)[op],
+            issue_cost64=_round_i32(jnp.asarray(arch.issue_cycles, jnp.float64)[op] * ISSUE_UNITS_PER_CYCLE),
+            mio_cost=mio_cost,
+            mem_lat_ticks=jnp.where(is_ldg, ns_to_ticks(mem_lat_ns, tick_mhz), 0),
+            l2_cost=jnp.where(is_ldg, jnp.maximum(l2_cost, 1), 0),
+            dram_cost=jnp.where(is_ldg, dram_cost, 0),
+            grid_sync=jnp.asarray(kernel.grid_sync) & (op == Op.BAR),
+            loop_start=i32(kernel.loop_start),
+            loop_end=i32(kernel.loop_end),
+            branch_start=i32(kernel.branch_start),
+            branch_mid=i32(kernel.branch_mid),
+            branch_end=i32(kernel.branch_end),
+            branch_parent=i32(kernel.branch_parent),
+            trips=i32(kernel.trips),
+            trips_cta_spread=i32(kernel.trips_cta_spread),
+            trips_warp_spread=i32(kernel.trips_warp_spread),
+            branch_threshold=_round_i32(kernel.branch_if_probability * BRANCH_HASH_ONE),
+            seed=i32(kernel.seed),
+            grid_sync_ticks=ns_to_ticks(kernel.grid_sync_ns, tick_mhz),
+            work_items=i32(kernel.work_items),
+            trips_from_data=jnp.asarray(kernel.trips_from_data),
+            trips_data=i32(kernel.trips_data),
+            if_from_data=jnp.asarray(kernel.if_from_data),
+            if_data=i32(kernel.if_data),
+        ),
     )
 
 

@@ -7,11 +7,20 @@ parameters, and DVFS. `make_params` writes the defaults (`jaxsched.policies`) an
 Every field is concrete and resolved: policies are indices into `WARP_POLICIES` and
 `DISPATCH_POLICIES`, the dispatch weights are one integer per SM slot (by default each SM's clock
 in MHz), DVFS is a `Dvfs` (off by default), so that any two `Params` of one shape stack.
+
+A `Params` is checked when it is made; where it enters the engine it is checked again
+(`checked`) unless it is the very object checked then, with the same bytes in its arrays: a
+sweep's configurations are checked once, while one built around the checks (`eqx.tree_at`) or
+changed in place is caught.
 """
 
 from __future__ import annotations
 
+import hashlib
+import weakref
+
 import equinox as eqx
+import jax
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
@@ -20,7 +29,7 @@ from .arch import Arch
 from .archvalues import validate as validate_arch
 from .clocks import Clocks
 from .dvfs import Dvfs, off, validate_dvfs
-from .errors import check
+from .errors import check, is_traced
 from .kernel import Kernel
 from .lower import policy_index, validate_dispatch
 from .policies import (DEFAULT_DISPATCH, DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS,
@@ -59,6 +68,43 @@ class Params(eqx.Module):
         validate_dispatch(self.arch, self.dispatch_weight, float(self.ema_alpha), float(self.ema_prior_ns),
                           float(self.hold_margin))
         dvfs_input(self.arch, self.dvfs)
+        _remember(self)
+
+
+# The Params checked so far, by identity, with a digest of their arrays' bytes: where a
+# configuration enters the engine, one of them whose arrays are unchanged is not checked again,
+# while one built around the checks (`eqx.tree_at`, `jax.tree.map`: a new object) or changed in
+# place (a new digest) is.
+_CHECKED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_DIGESTS: dict[int, bytes] = {}
+
+
+def _digest(params: Params) -> bytes | None:
+    """A digest of every array's bytes (None where one is traced: such a `Params` is always
+    checked)."""
+    h = hashlib.blake2b(digest_size=16)
+    for leaf in jax.tree.leaves(params):
+        if is_traced(leaf):
+            return None
+        h.update(np.asarray(leaf).tobytes())
+    return h.digest()
+
+
+def _remember(params: Params) -> None:
+    digest = _digest(params)
+    if digest is not None:
+        _CHECKED[id(params)] = params
+        _DIGESTS[id(params)] = digest
+        weakref.finalize(params, _DIGESTS.pop, id(params), None)
+
+
+def checked(params: Params) -> Params:
+    """`params`, checked again (`Params.__check_init__`) unless it is a `Params` checked when it
+    was made and unchanged since."""
+    check(isinstance(params, Params), "params", type(params).__name__, "a jaxsched.Params")
+    if not (_CHECKED.get(id(params)) is params and _DIGESTS.get(id(params)) == _digest(params)):
+        params.__check_init__()
+    return params
 
 
 def dispatch_inputs(arch: Arch, clocks: Clocks, weight: ArrayLike | None, alpha: float, prior_ns: float,
@@ -67,7 +113,8 @@ def dispatch_inputs(arch: Arch, clocks: Clocks, weight: ArrayLike | None, alpha:
     SM clocks in MHz)."""
     weight = None if weight is None else clocks_mod.per_slot(arch, weight, "dispatch_weight", fill=0)
     validate_dispatch(arch, weight, alpha, prior_ns, hold_margin)
-    w = np.asarray(clocks.sm_freq_mhz if weight is None else weight, dtype=np.int32)
+    with np.errstate(invalid="ignore"):  # a clock that is no number fails `Params`'s check before the weights'
+        w = np.asarray(clocks.sm_freq_mhz if weight is None else weight, dtype=np.int32)
     return w, np.float32(alpha), np.float32(prior_ns), np.float32(hold_margin)
 
 
@@ -94,12 +141,13 @@ def make_params(
     dvfs: Dvfs | None = None,
 ) -> Params:
     """One configuration, validated, with every default resolved (`clocks`: the arch's base clock
-    on every SM; policies by name or index; see `js.simulate` for each parameter)."""
+    on every SM; policies by name or index; see `js.simulate` for each parameter). `Params`
+    checks every field, the clocks before the weights that default to them; the arch is checked
+    here first, since the defaults read it."""
     check(isinstance(arch, Arch), "arch", type(arch).__name__, "a jaxsched.Arch")
     validate_arch(arch)  # before anything reads it
     clocks = clocks_mod.uniform(arch) if clocks is None else clocks
     check(isinstance(clocks, Clocks), "clocks", type(clocks).__name__, "a jaxsched.Clocks or None")
-    clocks_mod.validate_clocks(arch, clocks)  # before the weights default to it
     check(isinstance(dispatch_start, (int, np.integer)) and 0 <= dispatch_start < 2**31,
           "dispatch_start", dispatch_start, "an integer in 0 .. 2^31 - 1")
     weight, alpha, prior, margin = dispatch_inputs(arch, clocks, dispatch_weight, ema_alpha, ema_prior_ns, hold_margin)

@@ -140,27 +140,27 @@ T_MIN_MK, T_MAX_MK = -273_000, 1_000_000  # section 12: temperatures saturate at
 
 
 class Program:
-    """The per-instruction and structure fields of a `Launch` as Python ints and lists."""
+    """The per-instruction and structure fields of a launch's `lower.Program` as Python ints and
+    lists."""
 
-    def __init__(self, launch) -> None:
+    def __init__(self, program) -> None:
         ints = lambda a: [int(v) for v in np.asarray(a).reshape(-1)]  # noqa: E731
-        self.op = ints(launch.op)
+        self.op = ints(program.op)
         slots = lambda bits: tuple(d for d in range(MAX_DEP_SLOTS) if bits >> d & 1)  # noqa: E731
         # the dependence slots each instruction waits for, per kind of result (section 7)
         self.waits = [tuple(slots(b >> (MAX_DEP_SLOTS * kind)) for kind in (FIXED, MIO, MEMORY))
-                      for b in ints(launch.waits)]
-        self.writes = [slots(b) for b in ints(launch.writes)]  # the slots of its kind its result goes to
-        self.lat_cycles = ints(launch.lat_cycles)
-        self.issue_cost64 = ints(launch.issue_cost64)  # pipe issue interval, 1/64 cycle
-        self.mio_cost = ints(launch.mio_cost)
-        self.mem_lat_ticks = ints(launch.mem_lat_ticks)
-        self.l2_cost = ints(launch.l2_cost)
-        self.dram_cost = ints(launch.dram_cost)
-        self.grid_sync = [bool(v) for v in np.asarray(launch.grid_sync).reshape(-1)]
-        self.loops = [(int(a), int(b)) for a, b in zip(ints(launch.loop_start), ints(launch.loop_end)) if a >= 0]
+                      for b in ints(program.waits)]
+        self.writes = [slots(b) for b in ints(program.writes)]  # the slots of its kind its result goes to
+        self.lat_cycles = ints(program.lat_cycles)
+        self.issue_cost64 = ints(program.issue_cost64)  # pipe issue interval, 1/64 cycle
+        self.mio_cost = ints(program.mio_cost)
+        self.mem_lat_ticks = ints(program.mem_lat_ticks)
+        self.l2_cost = ints(program.l2_cost)
+        self.dram_cost = ints(program.dram_cost)
+        self.grid_sync = [bool(v) for v in np.asarray(program.grid_sync).reshape(-1)]
+        self.loops = [(int(a), int(b)) for a, b in zip(ints(program.loop_start), ints(program.loop_end)) if a >= 0]
         self.branches = [(int(a), int(m), int(e), int(p)) for a, m, e, p in zip(
-            ints(launch.branch_start), ints(launch.branch_mid), ints(launch.branch_end), ints(launch.branch_parent))
-            if a >= 0]
+            ints(program.branch_start), ints(program.branch_mid), ints(program.branch_end), ints(program.branch_parent)) if a >= 0]
         # Regions opening at each instruction, outermost first: the longer first, a branch before
         # a loop of the same span, then in opening order (section 6).
         regions = [(e - a, 1, -k, "loop", k) for k, (a, e) in enumerate(self.loops)]
@@ -303,8 +303,8 @@ class Chip:
         self.g_release: int | None = None  # tick at which a completed grid barrier releases
         self.items_taken = 0  # persistent kernel: the global work-queue counter
         self.rr_pointer = 0  # round-robin dispatch pointer, in dispatch-rank space
-        # every closed-loop estimate update as (tick, sm, cta, duration, est after), for
-        # inspection; not an output of section 10 (the estimates are kept under every policy)
+        # every estimate update of a learning policy (the closed loop) as (tick, sm, cta,
+        # duration, est after), for inspection; not an output of section 10
         self.est_log: list[tuple[int, int, int, int, int]] = []
         self.completed = 0
         self.cta_kernel = list(cta_kernel)  # launch of each CTA g
@@ -562,12 +562,16 @@ def dvfs_off_outputs(n_sm: int, trace_len: int) -> dict:
 
 # --- the simulation ----------------------------------------------------------------------------
 
-# `Launch` fields every launch of a workload shares: the chip, the clocks and the policies (each
-# launch has its own CTA shape: section 13).
-SHARED_FIELDS = ("tick_mhz", "sm_freq_mhz", "sm_enabled", "dispatch_rank", "mio_depth", "warp_policy",
-                 "dispatch_policy",
-                 "dispatch_weight", "ema_alpha_256", "ema_prior_ticks", "hold_margin_256", "cta_launch_ticks",
-                 "taken_branch_cycles", "launch_idle_cycles")
+# The `Launch` parts every launch of a workload shares: the clocks, the chip and the policies (each
+# launch has its own program, CTA shape included: section 13).
+SHARED_PARTS = ("clocks", "chip", "policy")
+
+
+def _same_fields(a: object, b: object) -> bool:
+    """Whether two lowered parts (`Launch.chip`, ...; numpy leaves, nested parts) hold equal values."""
+    if not dataclasses.is_dataclass(a):
+        return np.array_equal(np.asarray(a), np.asarray(b))
+    return all(_same_fields(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -606,36 +610,37 @@ class KernelRun:
     def __init__(self, index: int, launch, plan: Plan, n_sm: int) -> None:
         i = lambda v: int(np.asarray(v))  # noqa: E731
         self.index = index
-        self.prog = Program(launch)
-        self.n_ctas = i(launch.n_ctas)
+        self.prog = Program(launch.program)
+        self.n_ctas = i(launch.program.n_ctas)
         self.base = plan.cta_base[index]
         self.submit = plan.submit_ticks[index]
         self.deps = plan.deps[index]
         ints = lambda a: [int(v) for v in np.asarray(a).reshape(-1)]  # noqa: E731
-        self.trips = ints(launch.trips)  # per loop
-        self.cta_spread = ints(launch.trips_cta_spread)
-        self.warp_spread = ints(launch.trips_warp_spread)
-        self.branch_threshold = ints(launch.branch_threshold)  # per branch
-        self.seed = i(launch.seed)
+        self.trips = ints(launch.program.trips)  # per loop
+        self.cta_spread = ints(launch.program.trips_cta_spread)
+        self.warp_spread = ints(launch.program.trips_warp_spread)
+        self.branch_threshold = ints(launch.program.branch_threshold)  # per branch
+        self.seed = i(launch.program.seed)
         # its CTA shape and what one CTA holds of an SM (section 13)
-        self.W = i(launch.warps_per_cta)
-        self.lanes_last_warp = i(launch.lanes_last_warp)
-        self.reg_share = self.W * i(launch.warp_reg_share)
-        self.smem = i(launch.cta_smem_bytes)
+        self.W = i(launch.program.warps_per_cta)
+        self.lanes_last_warp = i(launch.program.lanes_last_warp)
+        self.reg_share = self.W * i(launch.program.warp_reg_share)
+        self.smem = i(launch.program.cta_smem_bytes)
         # work from data (section 4): per CTA row, per warp column
+        prog = launch.program
         self.trips_data = [np.asarray(t).tolist() if on else None
-                           for t, on in zip(np.asarray(launch.trips_data), np.asarray(launch.trips_from_data))]
+                           for t, on in zip(np.asarray(prog.trips_data), np.asarray(prog.trips_from_data))]
         self.if_data = [np.asarray(t).tolist() if on else None
-                        for t, on in zip(np.asarray(launch.if_data), np.asarray(launch.if_from_data))]
-        self.grid_sync_ticks = i(launch.grid_sync_ticks)
-        self.work_items = i(launch.work_items)
+                        for t, on in zip(np.asarray(prog.if_data), np.asarray(prog.if_from_data))]
+        self.grid_sync_ticks = i(launch.program.grid_sync_ticks)
+        self.work_items = i(launch.program.work_items)
         self.next = 0  # local index of the next CTA to dispatch
         self.completed = 0
         self.ready: int | None = None  # unknown until every dependency has completed
         self.start = -1  # tick of the first CTA's dispatch
         self.end = -1  # tick of the last CTA's completion
         # closed loop: per SM, the estimated duration of one of this launch's CTAs there (ticks)
-        self.est = [i(launch.ema_prior_ticks)] * n_sm
+        self.est = [i(launch.policy.ema_prior_ticks)] * n_sm
 
     @property
     def complete(self) -> bool:
@@ -656,51 +661,51 @@ class _Sim:
             raise ValueError(f"{len(launches)} launches, the plan has {len(plan.grid_ctas)}")
         first = launches[0]
         for l, launch in enumerate(launches[1:], start=1):
-            for field in SHARED_FIELDS:
-                if not np.array_equal(np.asarray(getattr(launch, field)), np.asarray(getattr(first, field))):
-                    raise ValueError(f"launch {l}'s {field} differs from launch 0's: the launches "
+            for part in SHARED_PARTS:
+                if not _same_fields(getattr(launch, part), getattr(first, part)):
+                    raise ValueError(f"launch {l}'s {part} differs from launch 0's: the launches "
                                      "of a workload share the chip, clocks, policies and CTA shape")
         self.shapes = shapes
         self.S = shapes.schedulers
         self.Q = shapes.warp_slots // shapes.schedulers
-        self.F = int(first.tick_mhz)
+        self.F = int(first.clocks.tick_mhz)
         # CTA slots and shared memory of the launch that needs the most (section 13)
-        self.ctas_per_sm = max(int(launch.ctas_per_sm) for launch in launches)
-        self.smem_per_sm = max(int(launch.smem_per_sm_bytes) for launch in launches)
-        self.W = max(int(launch.warps_per_cta) for launch in launches)  # columns of `warp_issued`
-        self.mio_depth = int(first.mio_depth)
-        number = int(first.warp_policy)
+        self.ctas_per_sm = max(int(launch.program.ctas_per_sm) for launch in launches)
+        self.smem_per_sm = max(int(launch.program.smem_per_sm_bytes) for launch in launches)
+        self.W = max(int(launch.program.warps_per_cta) for launch in launches)  # columns of `warp_issued`
+        self.mio_depth = int(first.chip.mio_depth)
+        number = int(first.policy.warp_policy)
         if not 0 <= number < len(WARP_POLICIES):
             raise ValueError(f"unknown warp policy {number}")
         self.warp_policy = WARP_MODULES[WARP_POLICIES[number]]  # jaxsched/reference_warp/
-        number = int(first.dispatch_policy)
+        number = int(first.policy.dispatch_policy)
         if not 0 <= number < len(DISPATCH_POLICIES):
             raise ValueError(f"unknown dispatch policy {number}")
         self.dispatch_policy = DISPATCH_MODULES[DISPATCH_POLICIES[number]]  # jaxsched/reference_dispatch/
-        self.ema_alpha_256 = int(first.ema_alpha_256)
+        self.ema_alpha_256 = int(first.policy.ema_alpha_256)
         if not 0 <= self.ema_alpha_256 <= EMA_ONE:
             raise ValueError(f"ema_alpha_256 = {self.ema_alpha_256} outside 0..{EMA_ONE}")
-        self.hold_margin_256 = int(first.hold_margin_256)
+        self.hold_margin_256 = int(first.policy.hold_margin_256)
         if not 0 <= self.hold_margin_256 <= EMA_ONE:
             raise ValueError(f"hold_margin_256 = {self.hold_margin_256} outside 0..{EMA_ONE}")
-        self.cta_launch_ticks = int(first.cta_launch_ticks)
+        self.cta_launch_ticks = int(first.chip.cta_launch_ticks)
         if self.cta_launch_ticks < 0:
             raise ValueError(f"cta_launch_ticks = {self.cta_launch_ticks} < 0")
-        self.taken_branch_cycles = int(first.taken_branch_cycles)
-        self.launch_idle_cycles = int(first.launch_idle_cycles)
+        self.taken_branch_cycles = int(first.chip.taken_branch_cycles)
+        self.launch_idle_cycles = int(first.chip.launch_idle_cycles)
         if self.taken_branch_cycles < 0 or self.launch_idle_cycles < 0:
             raise ValueError(f"taken_branch_cycles = {self.taken_branch_cycles} and "
                              f"launch_idle_cycles = {self.launch_idle_cycles} must be >= 0")
-        freq = [int(v) for v in np.asarray(first.sm_freq_mhz).reshape(-1)]
-        enabled = [bool(v) for v in np.asarray(first.sm_enabled).reshape(-1)]
-        rank = [int(v) for v in np.asarray(first.dispatch_rank).reshape(-1)]
-        weight = [int(v) for v in np.asarray(first.dispatch_weight).reshape(-1)]
+        freq = [int(v) for v in np.asarray(first.clocks.sm_freq_mhz).reshape(-1)]
+        enabled = [bool(v) for v in np.asarray(first.chip.sm_enabled).reshape(-1)]
+        rank = [int(v) for v in np.asarray(first.policy.dispatch_rank).reshape(-1)]
+        weight = [int(v) for v in np.asarray(first.policy.dispatch_weight).reshape(-1)]
         if len(freq) != shapes.n_sm:
             raise ValueError(f"launch has {len(freq)} SM slots, shapes.n_sm = {shapes.n_sm}")
         if self.ctas_per_sm < 1 or self.ctas_per_sm > shapes.cta_slots:
             raise ValueError(f"ctas_per_sm = {self.ctas_per_sm} outside 1..{shapes.cta_slots}")
         for launch in launches:
-            if int(launch.ctas_per_sm) * int(launch.warps_per_cta) > shapes.warp_slots:
+            if int(launch.program.ctas_per_sm) * int(launch.program.warps_per_cta) > shapes.warp_slots:
                 raise ValueError("ctas_per_sm x warps_per_cta exceeds the SM's warp slots")
         self.sms = [SM(s, freq[s], enabled[s], rank[s], weight[s], self.launch_idle_cycles, shapes)
                     for s in range(shapes.n_sm)]
@@ -716,11 +721,11 @@ class _Sim:
             self.check_launch_modes(kernel)
         self.n_ctas = sum(kernel.n_ctas for kernel in self.kernels)
         self.chip = Chip([kernel.index for kernel in self.kernels for _ in range(kernel.n_ctas)])
-        mode = int(first.dvfs.mode)
+        mode = int(first.clocks.dvfs.mode)
         if mode not in (DVFS_OFF, DVFS_ON, DVFS_LOCK):
             raise ValueError(f"unknown DVFS mode {mode}")
         # section 12: with DVFS off the static map is f_s for the whole run
-        self.dvfs = None if mode == DVFS_OFF else Dvfs(first.dvfs, self.sms, self.F, shapes.trace_len)
+        self.dvfs = None if mode == DVFS_OFF else Dvfs(first.clocks.dvfs, self.sms, self.F, shapes.trace_len)
         self.clock_log: list[list[int]] | None = None  # f_s of every tick, when asked for
         self.update_ready()  # launches without dependencies are ready before tick 0
 
@@ -891,35 +896,17 @@ class _Sim:
         """Active (not exited) warps resident on `sm`, summed over its CTAs."""
         return sum(live for cta, live in zip(sm.cta_id, sm.live) if cta >= 0)
 
-    def learn(self, sm: SM, kernel: KernelRun, g: int, t0: int, k: int) -> None:
-        """Section 9, closed loop (per launch, section 13): CTA `g` of `kernel`, started at tick
-        `t0`, completed on `sm` at tick `k`: `est_{l,s} += floor(a * (k - t0 - est_{l,s}) / 256)`
-        (Python floor division, negative values too)."""
-        est = kernel.est[sm.index]
-        est += (self.ema_alpha_256 * (k - t0 - est)) // EMA_ONE
-        kernel.est[sm.index] = est
-        self.chip.est_log.append((k, sm.index, g, k - t0, est))
-
-    def censored_estimates(self, kernel: KernelRun, k: int) -> list[int]:
-        """`e_s = max(est_{l,s}, k - t_s)` of launch `l` = `kernel` at tick `k`, `t_s` the
-        earliest start of its CTAs resident on `s` (the term is 0 if it has none there)."""
-        return [
-            max(kernel.est[sm.index],
-                max((k - t0 for cta, t0 in zip(sm.cta_id, sm.start)
-                     if cta >= 0 and self.chip.cta_kernel[cta] == kernel.index), default=0))
-            for sm in self.sms
-        ]
-
     def dispatch(self, k: int) -> None:
         """Sections 9 and 13: place the head launch's CTAs in grid order, one at a time, then the
         next head launch's, while some SM has room (closed loop: and it does not hold)."""
         chip = self.chip
         self.now = k
-        # the censored estimates of every launch that may dispatch, as the tick's dispatch begins
+        # a learning policy's estimates of every launch that may dispatch, as the tick's dispatch begins
+        policy = self.dispatch_policy
         self.censored = {
-            kernel.index: self.censored_estimates(kernel, k) for kernel in self.kernels
+            kernel.index: policy.estimates(self, kernel, k) for kernel in self.kernels
             if kernel.ready is not None and kernel.ready <= k and kernel.left > 0
-        }
+        } if hasattr(policy, "estimates") else {}
         while (kernel := self.head_launch(k)) is not None:
             sm = self.pick_sm(kernel)
             if sm is None:
@@ -1047,7 +1034,8 @@ class _Sim:
         kernel.completed += 1
         if kernel.complete:
             kernel.end = k
-        self.learn(sm, kernel, g, sm.start[j], k)  # slots in order j = 0, 1, ...
+        if hasattr(self.dispatch_policy, "observe"):
+            self.dispatch_policy.observe(self, sm, kernel, g, sm.start[j], k)  # slots in order j = 0, 1, ...
         sm.cta_id[j] = -1
         sm.arrivals[j] = 0
         sm.resident -= 1
@@ -1242,7 +1230,7 @@ def simulate_launch(launch, shapes, max_ticks: int = 10**7, *,
     each SM's phase accumulator added in each tick).
     Raises RuntimeError if the last CTA has not completed after `max_ticks` ticks.
     """
-    out = simulate_workload([launch], Plan.single(int(launch.n_ctas)), shapes, max_ticks,
+    out = simulate_workload([launch], Plan.single(int(launch.program.n_ctas)), shapes, max_ticks,
                             dispatch_trace=dispatch_trace, clock_trace=clock_trace)
     if dispatch_trace:
         out["dispatch_est"] = out["dispatch_est"][0]
@@ -1303,13 +1291,13 @@ def simulate(
     launches = [lower_mod.to_numpy(lower_mod.lower(
         arch, one, clocks, wp, dp, dispatch_start, dispatch_weight=dispatch_weight,
         ema_alpha=ema_alpha, ema_prior_ns=ema_prior_ns, hold_margin=hold_margin, dvfs=dvfs)) for one in kernels]
-    tick_mhz = int(launches[0].tick_mhz)
+    tick_mhz = int(launches[0].clocks.tick_mhz)
     shapes = dataclasses.replace(lower_mod.shapes_for(arch, kernels[0]), trace_len=int(trace_len),
                                  n_instr=max(one.n_instr for one in kernels),
                                  cta_slots=max(lower_mod.cta_slots_for(arch, one) for one in kernels),
                                  max_ctas=sum(int(one.grid_ctas) for one in kernels))
     plan = (Plan.of(lower_mod.to_numpy(workload_mod.lower_workload(kernel, arch, tick_mhz)))
-            if is_workload else Plan.single(int(launches[0].n_ctas)))
+            if is_workload else Plan.single(int(launches[0].program.n_ctas)))
     out = simulate_workload(launches, plan, shapes, max_ticks=max_ticks,
                             dispatch_trace=dispatch_trace, clock_trace=clock_trace)
     if dispatch_trace and not is_workload:

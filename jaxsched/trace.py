@@ -135,8 +135,8 @@ def cta_work(arch: Arch, kernel: Kernel, clocks: Clocks) -> np.ndarray:
     (`structure.executions`; docs/model.md sections 4, 6)."""
     launch = lower(arch, kernel, clocks, 0, 0, 0)
     n_exit = int(np.argmax(np.asarray(kernel.op) == Op.EXIT)) + 1  # padding EXITs never run
-    warps = np.arange(int(launch.warps_per_cta), dtype=np.int32)
-    trips, _, branch_lanes = (np.asarray(x) for x in jax.vmap(lambda c: warp_variation(launch, c, warps))(
+    warps = np.arange(int(launch.program.warps_per_cta), dtype=np.int32)
+    trips, _, branch_lanes = (np.asarray(x) for x in jax.vmap(lambda c: warp_variation(launch.program, c, warps))(
         np.arange(int(kernel.grid_ctas), dtype=np.int32)))
     i = lambda name: np.asarray(getattr(kernel, name))  # noqa: E731
     count = executions(i("loop_start"), i("loop_end"), i("branch_start"), i("branch_mid"), i("branch_end"),

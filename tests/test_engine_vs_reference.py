@@ -110,11 +110,11 @@ _GPU_FORMS_MAX_TICKS = MAX_TICKS - 1
 
 @pytest.fixture
 def gpu_forms(monkeypatch):
-    """The forms the step uses off the CPU (`cycle._gpu_forms`: the issuing warps' write-back by
+    """The forms the step uses off the CPU (`mechanics.forms.gpu_forms`: the issuing warps' write-back by
     scatter, the chained minimum) on this CPU, for runs at `_GPU_FORMS_MAX_TICKS`."""
-    from jaxsched.engine import cycle
+    from jaxsched.engine.mechanics import forms
 
-    monkeypatch.setattr(cycle, "_gpu_forms", lambda: True)
+    monkeypatch.setattr(forms, "gpu_forms", lambda: True)
 
 
 @settings(max_examples=examples(5), deadline=None,

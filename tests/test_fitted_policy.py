@@ -59,14 +59,15 @@ def test_fitted_runs_the_files_policy_bit_for_bit(spec_dir):
     np.testing.assert_array_equal(a["makespan_ns"].values, b["makespan_ns"].values)
     assert a.attrs["fitted_policy"] == POLICY
     configs = list(sweep.configurations(fitted))
-    assert {c.hold_margin for c in configs if c.dispatch == js.DISPATCH_POLICIES.index("closed_loop")} == {0.0625}
+    closed = js.DISPATCH_POLICIES.index("closed_loop")
+    assert {float(c.params.hold_margin) for c in configs if int(c.params.dispatch) == closed} == {0.0625}
 
 
 def test_a_parameter_the_file_leaves_out_is_jaxscheds_default_not_the_specs(spec_dir):
     (spec_dir / "fit" / "policy.toml").write_text('[policy]\ndispatch = "closed_loop"\nema_alpha = 0.5\n')
     spec = sweep.loads(_spec('"policy.dispatch" = ["fitted", "closed_loop"]\n', policy='fitted = "fit/policy.toml"\n'
                              "hold_margin = 0.5\n"), base_dir=spec_dir)
-    margins = {c.index[0]: c.hold_margin for c in sweep.configurations(spec)}
+    margins = {c.index[0]: float(c.params.hold_margin) for c in sweep.configurations(spec)}
     assert margins == {0: js.policies.DEFAULT_HOLD_MARGIN, 1: 0.5}
 
 

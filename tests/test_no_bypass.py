@@ -110,13 +110,13 @@ def test_stacked_kernels_are_checked_per_configuration():
 def test_traced_values_get_a_runtime_error():
     """Inside a user's own `jit` the concrete checks cannot see the values; the engine's guard
     raises at run time instead of returning numbers."""
-    from jaxsched.engine.run import _guarded
+    from jaxsched.engine.configure import guarded
     from jaxsched.lower import lower
 
     @jax.jit
     def tick(hit):
         kernel = KERNEL.replace(l2_hit_rate=hit)
-        return _guarded(lower(ARCH, kernel, CLOCKS, 1, 0, 0), (kernel,)).tick_mhz
+        return guarded(lower(ARCH, kernel, CLOCKS, 1, 0, 0), (kernel,)).clocks.tick_mhz
 
     assert int(tick(jnp.float32(0.5))) == int(CLOCKS.sm_freq_mhz.max())
     with pytest.raises(Exception, match="l2_hit_rate"):

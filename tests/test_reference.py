@@ -153,7 +153,7 @@ def test_single_warp_dependent_fma_chain(n):
     r = reference.simulate(H200, kernel)
     launch = lowered(H200, kernel)
     assert r["makespan_ticks"] == 4 * n - 1
-    sm = int(np.argmin(launch.dispatch_rank))  # hardware dispatch: the rank-0 SM
+    sm = int(np.argmin(launch.policy.dispatch_rank))  # hardware dispatch: the rank-0 SM
     assert r["cta_sm"].tolist() == [sm]
     assert r["cta_start_tick"].tolist() == [0]
     assert r["cta_end_tick"].tolist() == [4 * n - 2]
@@ -233,7 +233,8 @@ def test_ldg_latency_and_queue_order_within_a_cycle():
     cost; scheduler 1 sees both costs. The dependent FMA issues at ready_mem, EXIT one later."""
     kernel = make_kernel("ldg bytes=4096\nfma dep", grid=1, threads=64, l2_hit_rate=0.5)
     launch = lowered(HAND_ARCH, kernel)
-    lat, l2, dram = (int(launch.mem_lat_ticks[0]), int(launch.l2_cost[0]), int(launch.dram_cost[0]))
+    prog = launch.program
+    lat, l2, dram = (int(prog.mem_lat_ticks[0]), int(prog.l2_cost[0]), int(prog.dram_cost[0]))
     # round((120 + 0.5 * 240) ns * 1.98 GHz) = round(475.2); round(4096 * 1.98 / 5500 * 1024);
     # round(4096 * 0.5 * 1.98 / 4800 * 1024)
     assert (lat, l2, dram) == (475, 1510, 865)
@@ -256,7 +257,7 @@ def test_memory_latency_in_ticks_ignores_sm_clock():
                       cta_launch_ns=0.0)
         clk = clocks.uniform(arch, ghz)
         launch = lowered(arch, kernel, clk=clk)
-        lat = int(launch.mem_lat_ticks[0])
+        lat = int(launch.program.mem_lat_ticks[0])
         assert lat == round(120 * ghz)  # l2 hit latency 120 ns
         r = reference.simulate(arch, kernel, clk)
         # LDG at 1; ready_mem = 1 + lat + 1 (the request's own queue cost, < 1 tick)
@@ -346,7 +347,7 @@ def test_every_cta_runs_exactly_once(dispatch, dispatch_start):
                          threads=128, smem_bytes=36 * 1024, seed=5)
     launch = lowered(arch, kernel, dispatch=lower.DISPATCH_POLICIES.index(dispatch),
                      dispatch_start=dispatch_start)
-    cps = int(launch.ctas_per_sm)
+    cps = int(launch.program.ctas_per_sm)
     assert cps == 6
     r = reference.simulate(arch, kernel, dispatch=dispatch, dispatch_start=dispatch_start)
     assert np.all(np.isin(r["cta_sm"], [0, 1, 2, 3]))
@@ -356,7 +357,7 @@ def test_every_cta_runs_exactly_once(dispatch, dispatch_start):
     assert np.all(np.diff(r["cta_start_tick"]) >= 0)  # grid order
     assert r["makespan_ticks"] == r["cta_end_tick"].max() + 1
     # the first wave fills all 4 x 6 slots at tick 0, one CTA per SM in rank order at a time
-    rank = launch.dispatch_rank[:4]
+    rank = launch.policy.dispatch_rank[:4]
     by_rank = np.argsort(rank)
     assert np.all(r["cta_start_tick"][:24] == 0) and np.all(r["cta_start_tick"][24:] > 0)
     assert r["cta_sm"][:24].tolist() == [int(by_rank[i % 4]) for i in range(24)]
@@ -376,7 +377,7 @@ def test_round_robin_pointer_moves_past_last_choice():
     arch = arch_with_sms(4)
     kernel = make_kernel("fma dep", grid=10, threads=32)
     launch = lowered(arch, kernel, dispatch=1, dispatch_start=1)
-    by_rank = np.argsort(launch.dispatch_rank[:4])
+    by_rank = np.argsort(launch.policy.dispatch_rank[:4])
     r = reference.simulate(arch, kernel, dispatch="round_robin", dispatch_start=1)
     assert r["cta_sm"].tolist() == [int(by_rank[c % 4]) for c in range(10)]
     assert r["cta_start_tick"].tolist() == [0] * 10
@@ -394,7 +395,7 @@ def test_slow_sm_runs_at_its_own_clock():
     kernel = make_kernel("\n".join(["fma dep"] * 10), grid=2, threads=32)
     launch = lowered(arch, kernel, clk=clk)
     r = reference.simulate(arch, kernel, clk)
-    fast_first = int(np.argmin(launch.dispatch_rank[:2])) == 0
+    fast_first = int(np.argmin(launch.policy.dispatch_rank[:2])) == 0
     ends = dict(zip(r["cta_sm"].tolist(), r["cta_end_tick"].tolist()))
     assert ends == {0: 38, 1: 75}
     assert r["makespan_ticks"] == 76
@@ -421,9 +422,9 @@ def test_weighted_first_wave_three_to_one(dispatch_start):
     kernel = make_kernel("fma dep", grid=12, threads=32)
     w = weights(arch, 3, 1)
     launch = lowered(arch, kernel, dispatch=3, dispatch_start=dispatch_start, dispatch_weight=w)
-    assert int(launch.ctas_per_sm) == 32
-    assert launch.dispatch_rank[:2].tolist() == ([0, 1] if dispatch_start == 0 else [1, 0])
-    assert launch.dispatch_weight[:3].tolist() == [3, 1, 0]
+    assert int(launch.program.ctas_per_sm) == 32
+    assert launch.policy.dispatch_rank[:2].tolist() == ([0, 1] if dispatch_start == 0 else [1, 0])
+    assert launch.policy.dispatch_weight[:3].tolist() == [3, 1, 0]
     r = reference.simulate(arch, kernel, dispatch="weighted", dispatch_start=dispatch_start,
                            dispatch_weight=w)
     expect = ([0, 0, 0, 1] * 3 if dispatch_start == 0
@@ -441,13 +442,13 @@ def test_weighted_default_weights_are_clocks_and_capacity_caps():
     test runs until SM 0 is full after c6 (0 0 0 1 0 0 0), then c7..c11 fill SM 1."""
     arch, clk = two_sms(990)
     kernel = make_kernel("fma dep", grid=6, threads=32)
-    assert lowered(arch, kernel, dispatch=3, clk=clk).dispatch_weight[:3].tolist() == [1980, 990, 0]
+    assert lowered(arch, kernel, dispatch=3, clk=clk).policy.dispatch_weight[:3].tolist() == [1980, 990, 0]
     r = reference.simulate(arch, kernel, clk, dispatch="weighted")
     assert r["cta_sm"].tolist() == [0, 0, 1, 0, 0, 1]
 
     arch = arch_with_sms(2)
     kernel = make_kernel("fma dep", grid=12, threads=32, smem_bytes=36 * 1024)
-    assert int(lowered(arch, kernel).ctas_per_sm) == 6
+    assert int(lowered(arch, kernel).program.ctas_per_sm) == 6
     r = reference.simulate(arch, kernel, dispatch="weighted", dispatch_weight=weights(arch, 3, 1))
     assert r["cta_sm"].tolist() == [0, 0, 0, 1, 0, 0, 0, 1, 1, 1, 1, 1]
     assert r["cta_start_tick"].tolist() == [0] * 12
@@ -496,8 +497,8 @@ def test_least_loaded_sees_partly_done_ctas():
     kernel = make_kernel("loop 2 warp_spread=6\n  fma dep\nend", grid=5, threads=64,
                          smem_bytes=100 * 1024, seed=9)
     launch = lowered(arch, kernel, dispatch=2)
-    assert int(launch.ctas_per_sm) == 2 and int(launch.warps_per_cta) == 2
-    assert launch.dispatch_rank[:2].tolist() == [0, 1]
+    assert int(launch.program.ctas_per_sm) == 2 and int(launch.program.warps_per_cta) == 2
+    assert launch.policy.dispatch_rank[:2].tolist() == [0, 1]
     trips = [[reference.warp_trips(9, 2, 0, 6, c, w) for w in range(2)] for c in range(5)]
     assert trips == [[3, 4], [4, 5], [6, 5], [4, 3], [4, 2]]
     hw = reference.simulate(arch, kernel, dispatch="hardware")
@@ -517,7 +518,7 @@ def test_least_loaded_counts_ctas_placed_in_the_same_dispatch():
     arch = arch_with_sms(3)
     kernel = make_kernel("fma dep", grid=9, threads=96)
     launch = lowered(arch, kernel, dispatch=2, dispatch_start=2)
-    by_rank = np.argsort(launch.dispatch_rank[:3]).tolist()
+    by_rank = np.argsort(launch.policy.dispatch_rank[:3]).tolist()
     assert by_rank == [2, 0, 1]
     r = reference.simulate(arch, kernel, dispatch="least_loaded", dispatch_start=2)
     assert r["cta_sm"].tolist() == [by_rank[c % 3] for c in range(9)]
@@ -539,8 +540,8 @@ def test_closed_loop_estimates_after_known_completions():
     arch, clk = two_sms(990)
     kernel = make_kernel("\n".join(["fma dep"] * 10), grid=4, threads=32, smem_bytes=200 * 1024)
     launch = lowered(arch, kernel, dispatch=4, clk=clk, ema_alpha=0.25, ema_prior_ns=50.0)
-    assert int(launch.ctas_per_sm) == 1
-    assert (int(launch.ema_alpha_256), int(launch.ema_prior_ticks)) == (64, 99)
+    assert int(launch.program.ctas_per_sm) == 1
+    assert (int(launch.policy.ema_alpha_256), int(launch.policy.ema_prior_ticks)) == (64, 99)
     r = reference.simulate(arch, kernel, clk, dispatch="closed_loop", ema_alpha=0.25,
                            ema_prior_ns=50.0, dispatch_trace=True)
     assert r["cta_sm"].tolist() == [0, 1, 0, 1]
@@ -584,7 +585,7 @@ def test_closed_loop_sends_the_tail_to_the_fast_sm():
                          smem_bytes=200 * 1024, seed=21)
     assert [reference.warp_trips(21, 3, 1, 0, c, 0) for c in range(5)] == [4, 3, 3, 2, 2]
     launch = lowered(arch, kernel, dispatch=4, dispatch_start=1, clk=clk)
-    assert launch.dispatch_rank[:2].tolist() == [1, 0] and int(launch.ctas_per_sm) == 1
+    assert launch.policy.dispatch_rank[:2].tolist() == [1, 0] and int(launch.program.ctas_per_sm) == 1
     cl = reference.simulate(arch, kernel, clk, dispatch="closed_loop", dispatch_start=1,
                             dispatch_trace=True)
     hw = reference.simulate(arch, kernel, clk, dispatch="hardware", dispatch_start=1)
@@ -633,7 +634,7 @@ def test_every_cta_runs_once_with_mixed_clocks(dispatch):
     r = reference.simulate(arch, kernel, clk, dispatch=dispatch, dispatch_start=3,
                            dispatch_weight=weights(arch, 5, 2, 4, 3), ema_alpha=0.5,
                            ema_prior_ns=20.0)
-    launch_ticks = int(lowered(arch, kernel, clk=clk).cta_launch_ticks)
+    launch_ticks = int(lowered(arch, kernel, clk=clk).chip.cta_launch_ticks)
     assert launch_ticks > 0  # the preset's launch latency is on: starts lag completions
     assert np.all(np.isin(r["cta_sm"], [0, 1, 2, 3]))
     assert np.array_equal(np.bincount(r["cta_sm"], minlength=arch.n_sm_slots), r["sm_ctas"])
@@ -712,7 +713,7 @@ def test_issued_and_lanes_match_program_with_loop_and_divergent_branch():
     """
     kernel = make_kernel(program, grid=12, threads=100, seed=11)
     launch = lowered(H200, kernel)
-    threshold = int(launch.branch_threshold[0])
+    threshold = int(launch.program.branch_threshold[0])
     assert threshold == round(0.3 * 2**24)
     trips = [reference.warp_trips(11, 1, 3, 1, c, w) for c in range(12) for w in range(4)]
     assert min(trips) == 0 and max(trips) >= 2  # covers zero-trip warps
@@ -784,4 +785,4 @@ def test_simulate_launch_equals_simulate():
     assert set(b) == set(a) - {"makespan_ns", "makespan_cycles"}
     for key in b:
         assert np.array_equal(a[key], b[key]), key
-    assert int(Op.LDG) in launch.op.tolist()
+    assert int(Op.LDG) in launch.program.op.tolist()

@@ -47,8 +47,8 @@ def test_one_slot_chain_next_start_is_previous_end_plus_launch(dispatch, launch_
     arch = hand_arch(1, launch_ns)
     kernel = make_kernel("fma dep\nfma dep\nfma dep", grid=4, threads=32, smem_bytes=200 * 1024)
     launch = lowered(arch, kernel, dispatch=lower.DISPATCH_POLICIES.index(dispatch))
-    assert int(launch.ctas_per_sm) == 1
-    assert int(launch.cta_launch_ticks) == launch_ticks
+    assert int(launch.program.ctas_per_sm) == 1
+    assert int(launch.chip.cta_launch_ticks) == launch_ticks
     r = reference.simulate(arch, kernel, dispatch=dispatch)
     starts = [i * (10 + launch_ticks) for i in range(4)]
     assert r["cta_start_tick"].tolist() == starts
@@ -68,7 +68,7 @@ def test_first_wave_starts_at_tick_zero():
     arch = hand_arch(2, 207.0)
     kernel = make_kernel("fma dep\nfma dep\nfma dep", grid=5, threads=32, smem_bytes=100 * 1024)
     launch = lowered(arch, kernel)
-    assert int(launch.ctas_per_sm) == 2 and int(launch.cta_launch_ticks) == 410
+    assert int(launch.program.ctas_per_sm) == 2 and int(launch.chip.cta_launch_ticks) == 410
     r = reference.simulate(arch, kernel)
     assert r["cta_start_tick"].tolist() == [0, 0, 0, 0, 420]
     assert r["cta_end_tick"].tolist() == [10, 10, 10, 10, 430]
@@ -90,8 +90,8 @@ def test_most_room_sees_a_launching_slot_as_no_room(dispatch):
                          smem_bytes=200 * 1024, seed=6)
     assert [reference.warp_trips(6, 5, 3, 0, c, 0) for c in range(4)] == [6, 3, 6, 4]
     launch = lowered(arch, kernel, dispatch=lower.DISPATCH_POLICIES.index(dispatch))
-    assert launch.dispatch_rank[:2].tolist() == [0, 1]
-    assert int(launch.ctas_per_sm) == 1 and int(launch.cta_launch_ticks) == 20
+    assert launch.policy.dispatch_rank[:2].tolist() == [0, 1]
+    assert int(launch.program.ctas_per_sm) == 1 and int(launch.chip.cta_launch_ticks) == 20
     r = reference.simulate(arch, kernel, dispatch=dispatch)
     assert r["cta_sm"].tolist() == [0, 1, 1, 0]
     assert r["cta_start_tick"].tolist() == [0, 0, 30, 42]
@@ -118,8 +118,8 @@ def test_room_counts_usable_free_slots_not_free_slots():
                          smem_bytes=100 * 1024, seed=37)
     assert [reference.warp_trips(37, 5, 4, 0, c, 0) for c in range(6)] == [2, 3, 8, 2, 3, 4]
     launch = lowered(arch, kernel, dispatch_start=1)
-    assert launch.dispatch_rank[:2].tolist() == [1, 0] and int(launch.ctas_per_sm) == 2
-    assert int(launch.cta_launch_ticks) == 20
+    assert launch.policy.dispatch_rank[:2].tolist() == [1, 0] and int(launch.program.ctas_per_sm) == 2
+    assert int(launch.chip.cta_launch_ticks) == 20
     r = reference.simulate(arch, kernel, dispatch_start=1)
     assert r["cta_sm"].tolist() == [1, 0, 1, 0, 1, 0]
     assert r["cta_start_tick"].tolist() == [0, 0, 0, 0, 26, 26]
@@ -145,7 +145,7 @@ def test_a_slot_takes_no_cta_while_it_launches(launch_ns, dispatch, mhz, seed):
     kernel = make_kernel("loop 3 cta_spread=2 warp_spread=1\n  fma dep\n  alu\nend", grid=14,
                          threads=64, smem_bytes=100 * 1024, seed=seed)
     launch = lowered(arch, kernel, clk=clk)
-    cps, L = int(launch.ctas_per_sm), int(launch.cta_launch_ticks)
+    cps, L = int(launch.program.ctas_per_sm), int(launch.chip.cta_launch_ticks)
     assert cps == 2 and (L > 0) == (launch_ns > 0)
     r = reference.simulate(arch, kernel, clk, dispatch=dispatch, ema_alpha=0.5)
     assert r["sm_ctas"][:3].sum() == 14

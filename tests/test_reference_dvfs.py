@@ -53,7 +53,7 @@ def clock_changes(result: dict, sm: int = 0) -> list[tuple[int, int]]:
 
 def test_engine_units_of_the_shared_setup():
     """The premises of every hand computation below, straight from the shared lowering."""
-    p = lower.to_numpy(lower.lower(ARCH, KERNEL, clocks.uniform(ARCH), 1, 0, 0, dvfs=quiet())).dvfs
+    p = lower.to_numpy(lower.lower(ARCH, KERNEL, clocks.uniform(ARCH), 1, 0, 0, dvfs=quiet())).clocks.dvfs
     assert (int(p.period_ticks), int(p.latency_ticks), int(p.phase_ticks)) == (P_TICKS, L_TICKS, 0)
     assert (int(p.f_init_mhz), int(p.f_max_mhz), int(p.f_min_mhz), int(p.bin_mhz)) == (1980, 1980, 990, BIN_MHZ)
     assert (int(p.e_cycle_pj), int(p.uncore_mw), int(p.leak_mw)) == (1000, 0, 0)

@@ -257,7 +257,7 @@ def test_reference_refuses_launches_that_break_the_checks(program, options, fiel
     arch = two_sm_arch()
     kernel = make_kernel(program, grid=1, threads=64, **options)
     launch = lower.to_numpy(lower.lower(arch, kernel, clocks.uniform(arch), 1, 0, 0))
-    launch = eqx.tree_at(lambda x: getattr(x, field), launch,
-                         np.asarray(value, dtype=np.asarray(getattr(launch, field)).dtype))
+    launch = eqx.tree_at(lambda x: getattr(x.program, field), launch,
+                         np.asarray(value, dtype=np.asarray(getattr(launch.program, field)).dtype))
     with pytest.raises(ValueError, match=match):
         reference.simulate_launch(launch, lower.shapes_for(arch, kernel))

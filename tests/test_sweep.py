@@ -37,9 +37,7 @@ def test_dataset_dimensions_coordinates_and_units(dataset):
 def test_sweep_equals_direct_simulation(dataset):
     spec = sweep.loads(SPEC)
     c = list(sweep.configurations(spec))[5]
-    direct = js.simulate(c.arch, c.kernel, c.clocks, warp_policy=c.warp_policy, dispatch=c.dispatch,
-                         dispatch_start=c.dispatch_start, dispatch_weight=c.dispatch_weight,
-                         ema_alpha=c.ema_alpha, ema_prior_ns=c.ema_prior_ns, hold_margin=c.hold_margin)
+    direct = js.simulate(c.params)
     sel = {k.replace(".", "_"): spec.grid[k][i] for k, i in zip(spec.grid, c.index)}
     got = dataset["makespan_ns"].sel(sel).isel(replicate=c.replicate)
     assert float(got) == float(direct.makespan_ns)
@@ -183,8 +181,8 @@ def test_workload_sweep_equals_direct_simulation():
     np.testing.assert_array_equal(ds["sm_ctas"].sum("sm").values, 3 * 40)
     configs = list(sweep.configurations(spec))
     for c in (configs[0], configs[-1]):
-        assert isinstance(c.kernel, js.Workload) and c.kernel.streams == (0, 1, 0)
-        direct = js.simulate(c.arch, c.kernel, c.clocks, warp_policy=c.warp_policy, dispatch=c.dispatch)
+        assert isinstance(c.params.kernel, js.Workload) and c.params.kernel.streams == (0, 1, 0)
+        direct = js.simulate(c.params)
         sel = {k.replace(".", "_"): spec.grid[k][i] for k, i in zip(spec.grid, c.index)}
         assert float(ds["makespan_ns"].sel(sel).isel(replicate=c.replicate)) == float(direct.makespan_ns)
     # The stream gap is paid by launch 2 (stream 0's second launch), so it lengthens the run.
@@ -207,7 +205,7 @@ def test_cta_trace_in_the_dataset(tmp_path):
     xr.testing.assert_equal(ds["cta_sm"], sweep.open_result(tmp_path)["cta_sm"])
     assert ds["cta_sm"].dims[-1] == "cta" and ds.sizes["cta"] == 3 * 40
     c = list(sweep.configurations(spec))[-1]
-    direct = js.simulate(c.arch, c.kernel, c.clocks, warp_policy=c.warp_policy, dispatch=c.dispatch)
+    direct = js.simulate(c.params)
     sel = {k.replace(".", "_"): spec.grid[k][i] for k, i in zip(spec.grid, c.index)}
     got = ds.sel(sel).isel(replicate=c.replicate)
     np.testing.assert_array_equal(got["cta_sm"].values, np.asarray(direct.cta_sm)[:120])

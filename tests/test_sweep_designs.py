@@ -190,12 +190,14 @@ def test_dispatch_parameters_reach_the_engine(monkeypatch):
             continue
         with pytest.raises(Captured):
             sweep.Runner()(configs, 4)
-        args, kwargs = seen[-1]
-        for c, weight, alpha, dispatch in zip(configs, kwargs["dispatch_weight"], kwargs["ema_alpha"], args[4]):
+        (params,), _ = seen[-1]
+        for c, p in zip(configs, params):
             weights, sample = spec.grid["policy.weights"][c.index[0]], c.index[1]
-            assert (weight is None) if weights == "clocks" else np.array_equal(weight, np.ones(spec.arch.n_sm_slots))
-            assert alpha == pytest.approx(spec.design.values["policy.ema_alpha"][sample])
-            assert js.DISPATCH_POLICIES[dispatch] == spec.design.values["policy.dispatch"][sample]
+            clocks_mhz = np.asarray(p.clocks.sm_freq_mhz, np.int32)  # the default weights: each SM's clock
+            expected = clocks_mhz if weights == "clocks" else np.ones(spec.arch.n_sm_slots)
+            assert np.array_equal(p.dispatch_weight, expected)
+            assert float(p.ema_alpha) == pytest.approx(spec.design.values["policy.ema_alpha"][sample])
+            assert js.DISPATCH_POLICIES[int(p.dispatch)] == spec.design.values["policy.dispatch"][sample]
     assert len(seen) == sum(1 for i in range(layout.n_chunks) if sweep.chunk_configs(spec, layout, i))
 
 

@@ -46,7 +46,7 @@ from jaxtyping import Array, Bool, Int
 
 from ..isa import Op
 from ..kernel import FIXED, MAX_DEP_SLOTS, MIO
-from ..lower import Launch, Shapes
+from ..lower import Launch, Program, Shapes
 from .dispatch import Variation, takes_now
 from .dispatch_policies import ESTIMATE_POLICIES, STATIC_POLICIES, is_one_of
 from .mechanics.exact import floor_div
@@ -66,7 +66,7 @@ class Decoupling(NamedTuple):
     fresh_ticks: Int[Array, ""]  # int64, >= 1: the fewest ticks any CTA runs
 
 
-def trip_bounds(launch: Launch) -> tuple[Int[Array, ""], Int[Array, ""]]:
+def trip_bounds(program: Program, taken_branch_cycles: Int[Array, ""]) -> tuple[Int[Array, ""], Int[Array, ""]]:
     """The fewest cycles one warp spends on one trip of its loop, and the fewest instructions it
     issues on one (int64; 0 unless the program has one loop, at index 0).
 
@@ -75,26 +75,26 @@ def trip_bounds(launch: Launch) -> tuple[Int[Array, ""], Int[Array, ""]]:
     back-edge refetches for `taken_branch_cycles`. A trip may skip either side of an if/else
     inside the loop, not both; with one, only the instruction count bounds the cycles; with
     several, or with several loops, the bounds are 0 (nothing is assumed)."""
-    n = launch.op.shape[0]
+    n = program.op.shape[0]
     i = jnp.arange(n, dtype=jnp.int32)
-    start, end = launch.loop_start[0], launch.loop_end[0]
+    start, end = program.loop_start[0], program.loop_end[0]
     body = (i >= start) & (i <= end)
-    lat = jnp.maximum(launch.lat_cycles, 1).astype(jnp.int64)
-    waits = (launch.op < N_PIPES) | (launch.op == Op.LDS) | (launch.op == Op.SHFL)
-    kind = jnp.where(launch.op < N_PIPES, FIXED, MIO)  # of the results that bound a trip
-    on = lambda w, at: (w >> (MAX_DEP_SLOTS * kind[at])) & launch.writes[at]  # noqa: E731  (waits on `at`'s result)
-    follows = on(jnp.roll(launch.waits, -1), i) != 0  # the next instruction waits for this one
+    lat = jnp.maximum(program.lat_cycles, 1).astype(jnp.int64)
+    waits = (program.op < N_PIPES) | (program.op == Op.LDS) | (program.op == Op.SHFL)
+    kind = jnp.where(program.op < N_PIPES, FIXED, MIO)  # of the results that bound a trip
+    on = lambda w, at: (w >> (MAX_DEP_SLOTS * kind[at])) & program.writes[at]  # noqa: E731  (waits on `at`)
+    follows = on(jnp.roll(program.waits, -1), i) != 0  # the next instruction waits for this one
     gap = jnp.where(waits & follows, lat, 1)
     at_end = jnp.clip(end, 0, n - 1)
-    refetch = jnp.maximum(launch.taken_branch_cycles.astype(jnp.int64), 1)
-    carried = on(launch.waits[jnp.clip(start, 0, n - 1)], at_end) != 0
+    refetch = jnp.maximum(taken_branch_cycles.astype(jnp.int64), 1)
+    carried = on(program.waits[jnp.clip(start, 0, n - 1)], at_end) != 0
     back = jnp.maximum(refetch, jnp.where(carried & waits[at_end], lat[at_end], 1))
     chain = jnp.sum(jnp.where(body & (i < end), gap, 0)) + back
-    b0, b1, mid = launch.branch_start[0], launch.branch_end[0], launch.branch_mid[0]
+    b0, b1, mid = program.branch_start[0], program.branch_end[0], program.branch_mid[0]
     inside = (b0 >= 0) & (b0 >= start) & (b1 <= end)
     issues = jnp.sum(body, dtype=jnp.int64) - jnp.where(inside, jnp.maximum(mid - b0, b1 - mid), 0).astype(jnp.int64)
     cycles = jnp.where(inside, jnp.maximum(issues - 1, 0) + refetch, chain)
-    one = ((start >= 0) & (jnp.sum(launch.loop_start >= 0) == 1) & (jnp.sum(launch.branch_start >= 0) <= 1)
+    one = ((start >= 0) & (jnp.sum(program.loop_start >= 0) == 1) & (jnp.sum(program.branch_start >= 0) <= 1)
            & ((b0 < 0) | inside | (b1 <= start) | (b0 > end)))
     return jnp.where(one, cycles, 0), jnp.where(one, issues, 0)
 
@@ -105,17 +105,19 @@ def decoupling(launch: Launch, launches: Launches, variation: Variation, shapes:
     if shapes.n_launches > 1 or not shapes.free_sms:
         false, zero = jnp.bool_(False), jnp.int64(0)
         return Decoupling(false, false, zero, jnp.int64(1))
-    free = (~jnp.any(launch.op == Op.LDG) & ~jnp.any(launch.grid_sync) & (launch.work_items == 0)
-            & ~is_one_of(launch.dispatch_policy, ESTIMATE_POLICIES))  # the closed loop reads every SM when it holds CTAs back
-    real = jnp.arange(shapes.max_ctas, dtype=jnp.int32) < launch.n_ctas
+    prog = launch.program
+    free = (~jnp.any(prog.op == Op.LDG) & ~jnp.any(prog.grid_sync) & (prog.work_items == 0)
+            & ~is_one_of(launch.policy.dispatch_policy, ESTIMATE_POLICIES))  # a learning policy reads every SM
+    real = jnp.arange(shapes.max_ctas, dtype=jnp.int32) < launch.program.n_ctas
     packed = variation.packed
     uniform = jnp.all(~real[:, None, None] | (packed == packed[0][None]))
-    policy = launch.dispatch_policy
+    policy = launch.policy.dispatch_policy
     static_score = is_one_of(policy, STATIC_POLICIES)
-    cycles, issues = trip_bounds(launch) if shapes.loops == 1 else (jnp.int64(0), jnp.int64(0))
+    no_bound = (jnp.int64(0), jnp.int64(0))
+    cycles, issues = trip_bounds(prog, launch.chip.taken_branch_cycles) if shapes.loops == 1 else no_bound
     # A new CTA runs at least as long as its longest warp's trips take, and as its warps' trips
     # take to issue on the schedulers at best.
-    warp = jnp.arange(packed.shape[1], dtype=jnp.int32) < launch.warps_per_cta
+    warp = jnp.arange(packed.shape[1], dtype=jnp.int32) < launch.program.warps_per_cta
     left = jnp.where(warp[None, :], jnp.maximum(packed[..., 0] - 1, 0), 0).astype(jnp.int64)
     alone = jnp.maximum(jnp.max(left, axis=1) * cycles, jnp.sum(left, axis=1) * issues // shapes.schedulers)
     fresh = jnp.min(jnp.where(real, alone, jnp.iinfo(jnp.int64).max))
@@ -139,13 +141,13 @@ def _thresholds(state: State, launch: Launch, shapes: Shapes, d: Decoupling) -> 
     its last warp's trips left take (`(n - 1) trip_cycles` cycles; a cycle takes a tick at least),
     plus the launch latency. An SM past a tick has placed every CTA it takes up to it."""
     slots = jnp.arange(shapes.cta_slots, dtype=jnp.int32)
-    in_range = (slots[:, None] < launch.ctas_per_sm) & launch.sm_enabled
-    last = hardware_position((slots + 1) * launch.warps_per_cta - 1, shapes)  # each slot's last warp
+    in_range = (slots[:, None] < launch.program.ctas_per_sm) & launch.chip.sm_enabled
+    last = hardware_position((slots + 1) * launch.program.warps_per_cta - 1, shapes)  # each slot's last warp
     w = state.warps
     left = jnp.where(w.pc[last] != NO_WARP, jnp.maximum(w.trips_left[0][last] - 1, 0), 0).astype(jnp.int64)
     now = state.acct.astype(jnp.int64)
     first = jnp.where(state.cta_id < 0, jnp.maximum(now, state.cta_usable_tick),
-                      now + left * d.trip_cycles + launch.cta_launch_ticks)
+                      now + left * d.trip_cycles + launch.chip.cta_launch_ticks)
     return jnp.where(in_range, jnp.minimum(first, _NEVER), _NEVER)
 
 
@@ -222,7 +224,7 @@ def chip_tick(state: State, launch: Launch, d: Decoupling, max_ticks: int, locks
 def dvfs_due(state: State, launch: Launch, d: Decoupling) -> Bool[Array, ""]:
     """Whether the DVFS step runs in this step: always at the chip's tick; on their own time,
     once every SM has run to the next DVFS event."""
-    return ~d.free | jnp.all(~launch.sm_enabled | (state.acct >= next_dvfs_event(state, launch)))
+    return ~d.free | jnp.all(~launch.chip.sm_enabled | (state.acct >= next_dvfs_event(state, launch)))
 
 
 def align(state: State, launch: Launch) -> State:
@@ -235,10 +237,11 @@ def align(state: State, launch: Launch) -> State:
     last = state.last_exit_tick
     gap = (last - state.acct).astype(jnp.int64)
     f = state.freq.astype(jnp.int64)
-    forward = cycles_in(state.freq, state.acc, launch.tick_mhz, jnp.maximum(gap, 0))
-    back = jnp.maximum(floor_div(-gap * f - state.acc + launch.tick_mhz - 1, launch.tick_mhz), 0)
+    forward = cycles_in(state.freq, state.acc, launch.clocks.tick_mhz, jnp.maximum(gap, 0))
+    back = jnp.maximum(floor_div(-gap * f - state.acc + launch.clocks.tick_mhz - 1, launch.clocks.tick_mhz), 0)
     change = jnp.where(gap > 0, forward, jnp.where(gap < 0, -back, 0))
-    counters = replace(state.counters, sm_cycles=state.counters.sm_cycles + jnp.where(launch.sm_enabled, change, 0))
+    sm_cycles = state.counters.sm_cycles + jnp.where(launch.chip.sm_enabled, change, 0)
+    counters = replace(state.counters, sm_cycles=sm_cycles)
     return replace(state, counters=counters)
 
 

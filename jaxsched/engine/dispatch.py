@@ -29,7 +29,8 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..lower import Launch, Shapes
-from .dispatch_policies import ESTIMATE_POLICIES, View, is_one_of, pointer_after, scores
+from .dispatch_policies import View, estimates, pointer_after, scores
+from .dispatch_policies import hold as policy_hold
 from .launch_credit import can_launch
 from .launches import Launches, head_launch, op_and_waits, warp_program
 from .residency import first_base, free_warp_slots, new_warps, room as resource_room
@@ -54,12 +55,12 @@ def variation_tables(launch: Launch, shapes: Shapes, launches: Launches | None =
     cta = jnp.arange(shapes.max_ctas, dtype=jnp.int32)
     warp = jnp.arange(32, dtype=jnp.int32)
     if launches is None:
-        trips, _, branch_lanes = jax.vmap(lambda c: warp_variation(launch, c, warp))(cta)
+        trips, _, branch_lanes = jax.vmap(lambda c: warp_variation(launch.program, c, warp))(cta)
     else:
         l = jnp.maximum(launches.cta_launch, 0)
 
         def one(l: Array, c: Array) -> tuple[Array, Array, Array]:
-            return warp_variation(jax.tree.map(lambda x: x[l], launch), c, warp)
+            return warp_variation(jax.tree.map(lambda x: x[l], launch.program), c, warp)
 
         trips, _, branch_lanes = jax.vmap(one)(l, cta - launches.cta_base[l])
     return Variation(jnp.concatenate([trips, branch_lanes], axis=-1))
@@ -82,64 +83,10 @@ class Slots(NamedTuple):
     base: Int[Array, "cta sm"]
 
 
-def _censored_estimate(state: State, tick: Int[Array, ""]) -> Int[Array, "launch sm"]:
-    """`max(est_s, k - oldest start on s)`: a CTA still running after that long shows the SM is at
-    least that slow, whatever the estimate says (docs/model.md section 9). Per launch, from its
-    own estimates and its own CTAs (section 13)."""
-    running = jnp.where(state.cta_id >= 0, tick - state.cta_start, 0)
-    n_launches, n_sm = state.dispatch.est.shape
-    if n_launches == 1:
-        oldest = jnp.max(running, axis=0)[None]
-    else:
-        sm = jnp.broadcast_to(jnp.arange(n_sm)[None, :], running.shape)
-        oldest = jnp.zeros((n_launches, n_sm), jnp.int32).at[state.cta_launch, sm].max(running)
-    return jnp.maximum(state.dispatch.est, oldest.astype(jnp.int64))
-
-
-def learn_cta_durations(state: State, was_occupied: Bool[Array, "cta sm"], launch: Launch) -> Int[Array, "launch sm"]:
-    """Closed-loop dispatch's integer EMA of CTA durations after the tick's cycles (`state`;
-    `was_occupied`: the slots that held a CTA before them), one completion at a time in CTA-slot
-    order (docs/model.md section 9); a completion updates its own launch's estimate (section
-    13). Only completions are observed, never the clocks."""
-    est = state.dispatch.est
-    complete = was_occupied & (state.cta_id < 0)
-    a = launch.ema_alpha_256.astype(jnp.int64)
-    n_launches, sm = est.shape[0], jnp.arange(est.shape[1])
-    for j in range(complete.shape[0]):
-        d = (state.tick - state.cta_start[j]).astype(jnp.int64)
-        l = 0 if n_launches == 1 else jnp.clip(state.cta_launch[j], 0, n_launches - 1)
-        mine = est[0] if n_launches == 1 else est[l, sm]
-        mine = jnp.where(complete[j], mine + (a * (d - mine)) // 256, mine)
-        est = mine[None] if n_launches == 1 else est.at[l, sm].set(mine)
-    return est
-
-
-def _hold_for_better_slots(
-    slots: Slots, launch: Launch, launching_tick: Int[Array, "cta sm"], est: Array, sm: Array, tick: Array,
-    left: Array,
-) -> Array:
-    """Closed loop in the tail: keep the CTA if the `left` CTAs (the head launch's, this one
-    included) fit in slots expected to finish them earlier than `sm` would, by the hold margin
-    (a share of `sm`'s estimate): occupied slots (of any launch), and free slots still launching
-    (`launching_tick`, INF elsewhere)
-    (docs/model.md sections 9 and 13)."""
-    now = tick.astype(jnp.int64)
-    target = now + est[sm]
-    e = est
-    occupied_finish = jnp.maximum(now, slots.start.astype(jnp.int64) + e) + e
-    launching_finish = launching_tick.astype(jnp.int64) + e
-    occupied = (slots.cta_id >= 0) & launch.sm_enabled
-    launching = (slots.cta_id < 0) & (launching_tick < INF)
-    finish = jnp.where(occupied, occupied_finish, launching_finish)
-    margin = est[sm] * launch.hold_margin_256.astype(jnp.int64) // 256  # est >= 0: a floor
-    better = (occupied | launching) & (finish + margin < target)
-    return is_one_of(launch.dispatch_policy, ESTIMATE_POLICIES) & (left.astype(jnp.int64) <= jnp.sum(better, dtype=jnp.int64))
-
-
 def _cta_slots(launch: Launch, shapes: Shapes) -> Bool[Array, "cta sm"]:
     """The CTA slots that exist in this launch: `j < ctas_per_sm` on enabled SMs."""
-    in_range = jnp.arange(shapes.cta_slots, dtype=jnp.int32)[:, None] < launch.ctas_per_sm
-    return in_range & launch.sm_enabled
+    in_range = jnp.arange(shapes.cta_slots, dtype=jnp.int32)[:, None] < launch.program.ctas_per_sm
+    return in_range & launch.chip.sm_enabled
 
 
 def _usable_slots(state: State, launch: Launch, shapes: Shapes, tick: Int[Array, ""]) -> Bool[Array, "cta sm"]:
@@ -216,16 +163,16 @@ def _place_one(
     local = slots.next_cta[head]
     takes = _takes_now(slots, usable, fresh, launch)
     room = _room(slots, takes, head, launch, launches, shapes)
-    view = View(room=room, rank=launch.dispatch_rank.astype(jnp.int64),
-                n_enabled=jnp.maximum(jnp.sum(launch.sm_enabled, dtype=jnp.int64), 1), pointer=slots.rr_pointer,
-                live_warps=slots.live_warps, resident=slots.resident, weight=launch.dispatch_weight, est=est,
+    view = View(room=room, rank=launch.policy.dispatch_rank.astype(jnp.int64),
+                n_enabled=jnp.maximum(jnp.sum(launch.chip.sm_enabled, dtype=jnp.int64), 1), pointer=slots.rr_pointer,
+                live_warps=slots.live_warps, resident=slots.resident, weight=launch.policy.dispatch_weight, est=est,
                 freq_mhz=freq_mhz)
-    score = jnp.where(room > 0, scores(view, launch.dispatch_policy, closed_loop), jnp.iinfo(jnp.int64).min)
+    score = jnp.where(room > 0, scores(view, launch.policy.dispatch_policy, closed_loop), jnp.iinfo(jnp.int64).min)
     sm = jnp.argmax(score).astype(jnp.int32)
     hold = jnp.bool_(False)
     if closed_loop:
         launching_tick = _launching_tick(slots, launch, shapes, usable_tick, tick)
-        hold = _hold_for_better_slots(slots, launch, launching_tick, est, sm, tick, launches.n_ctas[head] - local)
+        hold = policy_hold(slots, launch, launching_tick, est, sm, tick, launches.n_ctas[head] - local)
     j = jnp.argmax(takes[:, sm]).astype(jnp.int32)  # lowest free slot that can take it
     # Masks rather than `.at[j, sm]` updates: vmapped, a scalar update is a scatter, which the
     # CPU runs as a kernel of its own; a select fuses with its neighbours (docs/engine_performance.md,
@@ -247,8 +194,8 @@ def _place_one(
         start=jnp.where(at_js, start_tick[sm], slots.start),
         key=jnp.where(at_js, score[sm], slots.key),
         next_cta=slots.next_cta + (jnp.arange(slots.next_cta.shape[0]) == head),
-        rr_pointer=pointer_after(view, launch.dispatch_policy, sm),
-        credit=slots.credit + at_s * jnp.where(fresh[j, sm], 0, -launch.launch_idle_cycles),
+        rr_pointer=pointer_after(view, launch.policy.dispatch_policy, sm),
+        credit=slots.credit + at_s * jnp.where(fresh[j, sm], 0, -launch.chip.launch_idle_cycles),
         hold=jnp.bool_(False),
         warp_free=warp_free,
         base=base,
@@ -274,7 +221,7 @@ def start_warps(
         warp = jnp.clip(warp, 0, 31)
         n_w, lanes_last = launches.warps_per_cta[warp_launch], launches.lanes_last_warp[warp_launch]
     else:
-        n_w, lanes_last = launch.warps_per_cta, launch.lanes_last_warp
+        n_w, lanes_last = launch.program.warps_per_cta, launch.program.lanes_last_warp
         j_of = cta_slot_of(slot, n_w, shapes)
         warp = jnp.clip(slot - j_of * n_w, 0, 31)[:, None]
         fresh = new[j_of] & (slot < shapes.cta_slots * n_w)[:, None]
@@ -285,9 +232,9 @@ def start_warps(
     trips, branch_lanes = packed[:n_loops], packed[n_loops:]
     # Persistent kernels (a workload's only launch): each new warp takes its first work item, in
     # placement then warp order.
-    persistent = launch.work_items > 0
+    persistent = launch.program.work_items > 0
     order = (cta - state.next_cta[0]) * n_w + warp
-    took = fresh & persistent & (order < launch.work_items - state.items_taken)
+    took = fresh & persistent & (order < launch.program.work_items - state.items_taken)
     trips = jnp.where(persistent, took.astype(jnp.int32)[None], trips)
     lanes = jnp.where(warp == n_w - 1, lanes_last, 32)
     pc0 = resolve_pc(warp_program(launches, warp_launch), jnp.zeros_like(fresh, jnp.int32), trips, branch_lanes)
@@ -341,7 +288,7 @@ def plan(state: State, launch: Launch, shapes: Shapes, tick: Int[Array, ""], clo
     usable = _usable_slots(state, launch, shapes, start) & candidate
     # A slot placed in this tick is occupied, so `fresh` needs no update during the tick.
     return slots, Plan(tick, start, state.kernel_ready, usable, state.cta_usable_tick,
-                       ~state.cta_used, _censored_estimate(state, tick) if closed_loop else state.dispatch.est,
+                       ~state.cta_used, estimates(state, launch, tick) if closed_loop else state.dispatch.est,
                        state.freq)
 
 

@@ -17,7 +17,7 @@ from dataclasses import replace
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from ..lower import QUEUE_ONE_TICK, Launch, Shapes
+from ..lower import Launch, Shapes
 from .mechanics.exact import floor_div
 from .cycle import Outlook
 from .decouple import Decoupling, chip_tick, limit
@@ -25,6 +25,7 @@ from .dispatch import next_usable_tick
 from .launch_credit import collect, cycles_to_full, has_free_slot
 from .launches import Launches, next_ready_tick
 from .mechanics.materialize import once
+from .memory import drained
 from .power import next_dvfs_event
 from .state import State
 from .status import INF, Ready, class_bits, class_counts, cycles_in, ready_counts, stall_rows, throttled
@@ -48,7 +49,7 @@ def ticks_until_cycle(
     """
     n = jnp.clip(cycle_index - state.cycle + 1, 1, _MAX_AHEAD_CYCLES)
     f = jnp.maximum(state.freq, 1)
-    return floor_div(n * launch.tick_mhz - state.acc + f - 1, f)
+    return floor_div(n * launch.clocks.tick_mhz - state.acc + f - 1, f)
 
 
 def cycles_in_ticks(
@@ -56,9 +57,9 @@ def cycles_in_ticks(
 ) -> tuple[Int[Array, " sm"], Int[Array, " sm"]]:
     """Cycles each SM executes in the next `ticks` ticks, and its accumulator afterwards:
     `acc + ticks f = cycles F + acc'` (exactly, `exact.floor_div`)."""
-    cycles = cycles_in(state.freq, state.acc, launch.tick_mhz, ticks)
+    cycles = cycles_in(state.freq, state.acc, launch.clocks.tick_mhz, ticks)
     total = state.acc + jnp.asarray(ticks).astype(jnp.int64) * state.freq
-    return cycles, (total - cycles.astype(jnp.int64) * launch.tick_mhz).astype(jnp.int32)
+    return cycles, (total - cycles.astype(jnp.int64) * launch.clocks.tick_mhz).astype(jnp.int32)
 
 
 def _throttle_clears(state: State, launch: Launch, look: Outlook, throttle: Array) -> Int[Array, " sm"]:
@@ -66,7 +67,7 @@ def _throttle_clears(state: State, launch: Launch, look: Outlook, throttle: Arra
     MIO backlog, which serves one instruction-cycle per cycle, falls under its depth; a pipe
     frees."""
     pipe = (state.pipe_free64 >> 6).astype(jnp.int32)
-    mio = jnp.broadcast_to(state.cycle + state.mio - launch.mio_depth + 1, (1,) + pipe.shape[1:])
+    mio = jnp.broadcast_to(state.cycle + state.mio - launch.chip.mio_depth + 1, (1,) + pipe.shape[1:])
     clear = jnp.concatenate([pipe, mio, jnp.full_like(mio, INF)])
     waiting = (class_bits(throttle) > 0) & (class_counts(look.ready) > 0)
     return jnp.min(jnp.where(waiting, clear, INF), axis=(0, 1))
@@ -77,7 +78,7 @@ def _next_cycle_event(state: State, launch: Launch, look: Outlook) -> tuple[Read
     is an event (INF: none): its next cycle if a warp is eligible there or `look.changed`, else
     the earliest wake or throttle clearing."""
     c = state.cycle  # each SM's next cycle
-    throttle = throttled(state.pipe_free64, state.mio, launch.mio_depth, c)
+    throttle = throttled(state.pipe_free64, state.mio, launch.chip.mio_depth, c)
     ready = ready_counts(look.ready, throttle)
     clear_cycle = jnp.minimum(look.next_wake, _throttle_clears(state, launch, look, throttle))
     next_cycle = jnp.where(look.changed | (ready.eligible > 0), c, clear_cycle)
@@ -87,7 +88,7 @@ def _next_cycle_event(state: State, launch: Launch, look: Outlook) -> tuple[Read
 def _usable_ticks(state: State, launch: Launch, shapes: Shapes) -> Int[Array, " sm"]:
     """Per SM, the earliest tick after the last it ran at which a free slot becomes usable (INF:
     none), for an SM on its own time (`decouple.py`)."""
-    in_range = jnp.arange(shapes.cta_slots, dtype=jnp.int32)[:, None] < launch.ctas_per_sm
+    in_range = jnp.arange(shapes.cta_slots, dtype=jnp.int32)[:, None] < launch.program.ctas_per_sm
     waiting = in_range & (state.cta_id < 0) & (state.cta_usable_tick > state.acct)
     return jnp.min(jnp.where(waiting, state.cta_usable_tick, INF), axis=0)
 
@@ -107,12 +108,12 @@ def skip_to_next_event(
     profile without the per-kernel overhead")."""
     k = state.tick
     ready, by_cycle = once(lambda: _next_cycle_event(state, launch, look), one)
-    per_sm = jnp.where(launch.sm_enabled, by_cycle, INF)
+    per_sm = jnp.where(launch.chip.sm_enabled, by_cycle, INF)
     # The cycle at which an SM's launch credit fills up makes its free slots usable (section 11).
     free = has_free_slot(state, launch, shapes)
     remain = jnp.any(state.next_cta < launches.n_ctas)
     to_full = cycles_to_full(state.launch_credit, ready.starved, free, launch)
-    credit_full = jnp.where((to_full > 0) & launch.sm_enabled & remain,
+    credit_full = jnp.where((to_full > 0) & launch.chip.sm_enabled & remain,
                             last_tick(state) + ticks_until_cycle(state, launch, state.cycle + to_full - 1), INF)
     per_sm = jnp.minimum(per_sm, credit_full)
     # At the chip's tick: grid-barrier releases (section 8), freed CTA slots becoming usable
@@ -154,15 +155,15 @@ def skip_to_next_event(
                                                   barrier=weight * n_barrier, mio=weight * ready.mio_throttle,
                                                   pipe=weight * ready.pipe_throttle),
     )
-    drained = jnp.minimum(nxt - k, 1 << 20) * QUEUE_ONE_TICK
+    q_l2, q_dram = drained(state, nxt - k)
     out = replace(
         state,
         acc=acc,
         cycle=state.cycle + cycles,
         mio=jnp.maximum(state.mio - cycles, 0),
         launch_credit=collect(state.launch_credit, ready.starved, cycles, free, launch),
-        q_l2=jnp.maximum(state.q_l2 - drained, 0),
-        q_dram=jnp.maximum(state.q_dram - drained, 0),
+        q_l2=q_l2,
+        q_dram=q_dram,
         counters=counters,
         resume=resume,
         acct=jnp.maximum(state.acct, resume - 1),

@@ -125,7 +125,7 @@ def _could_take_cta(state: State, launch: Launch, shapes: Shapes, launches: Laun
     """A free CTA slot the SM could refill while CTAs remain: one never used, or any with the
     launch credit at its need (docs/model.md section 9). Such an SM is the dispatcher's, not
     its own."""
-    in_range = jnp.arange(shapes.cta_slots, dtype=jnp.int32)[:, None] < launch.ctas_per_sm
+    in_range = jnp.arange(shapes.cta_slots, dtype=jnp.int32)[:, None] < launch.program.ctas_per_sm
     free = in_range & (state.cta_id < 0)
     refill = jnp.any(free & ~state.cta_used, axis=0) | (jnp.any(free, axis=0) & can_launch(state.launch_credit, launch))
     return refill & jnp.any(state.next_cta < launches.n_ctas)
@@ -157,13 +157,13 @@ class _Jump(NamedTuple):
 def _find(state: State, look: Outlook, launch: Launch, shapes: Shapes, launches: Launches) -> _Found:
     """The point's findings; `recurs` from the cheap part of the comparison only."""
     r, c = state.recurrence, state.counters
-    point = look.issued & launch.sm_enabled
+    point = look.issued & launch.chip.sm_enabled
     since = lambda now, row: now != r.counters[row]  # noqa: E731  (the counter moved since the snapshot)
     quiet = (~since(c.sm_issued_op[Op.LDG], _OP + Op.LDG) & ~since(c.sm_items, _ITEMS)
-             & ~(jnp.any(launch.grid_sync) & since(c.sm_issued_op[Op.BAR], _OP + Op.BAR))
+             & ~(jnp.any(launch.program.grid_sync) & since(c.sm_issued_op[Op.BAR], _OP + Op.BAR))
              & ~_could_take_cta(state, launch, shapes, launches))
     changed = _structure_changed(state, r)
-    one_loop = jnp.sum(launch.loop_start >= 0) <= 1  # trip counts of loop 0 are all that change
+    one_loop = jnp.sum(launch.program.loop_start >= 0) <= 1  # trip counts of loop 0 are all that change
     candidate = point & r.valid & ~changed & (state.cycle > r.cycle) & quiet & one_loop & _same_scalars(state, r)
     return _Found(point=point, changed=changed, recurs=candidate)
 
@@ -179,18 +179,18 @@ def _jump(state: State, found: _Found, launch: Launch, launches: Launches, max_t
     by_trips = jnp.min(jnp.where(looping, per_warp, INF), axis=0)
     # The SM's cycles in ticks k+1 .. h-1, k the tick it ran, h the horizon.
     room = jnp.clip(horizon(state, launch, max_ticks) - 1 - state.acct, 0, _FAR)
-    by_time = floor_div(cycles_in(state.freq, state.acc, launch.tick_mhz, room), jnp.maximum(period, 1))
+    by_time = floor_div(cycles_in(state.freq, state.acc, launch.clocks.tick_mhz, room), jnp.maximum(period, 1))
     # Launch credit that grows over the period (a free slot waits for it) stays below a refill's
     # need while CTAs remain; after the last CTA it only saturates.
     credit_gain = state.launch_credit - r.credit
     waits = (credit_gain > 0) & jnp.any(state.next_cta < launches.n_ctas)
-    by_credit = jnp.where(waits, floor_div(launch.launch_idle_cycles - 1 - state.launch_credit,
+    by_credit = jnp.where(waits, floor_div(launch.chip.launch_idle_cycles - 1 - state.launch_credit,
                                                      jnp.maximum(credit_gain, 1)), INF)
     m = jnp.where(found.recurs, jnp.maximum(jnp.minimum(jnp.minimum(by_trips, by_time), by_credit), 0), 0)
     n = (m * period).astype(jnp.int64)  # cycles jumped
     f = jnp.maximum(state.freq, 1).astype(jnp.int64)
-    ahead = floor_div(n * launch.tick_mhz - state.acc + f - 1, f)  # ticks until the n-th cycle
-    acc = (state.acc + ahead.astype(jnp.int64) * f - n * launch.tick_mhz).astype(jnp.int32)
+    ahead = floor_div(n * launch.clocks.tick_mhz - state.acc + f - 1, f)  # ticks until the n-th cycle
+    acc = (state.acc + ahead.astype(jnp.int64) * f - n * launch.clocks.tick_mhz).astype(jnp.int32)
     return _Jump(m=m, shift=(m * period).astype(jnp.int32), ahead=ahead, acc=acc)
 
 
@@ -213,7 +213,7 @@ def _apply(state: State, look: Outlook, j: _Jump, launch: Launch) -> tuple[State
     rows = counter_rows(state.counters)
     gained = jnp.where(jump, j.m.astype(jnp.int64) * (rows - r.counters), 0)
     credit = jnp.where(jump, j.m * (state.launch_credit - r.credit), 0)
-    capped = lambda c: jnp.minimum(c + credit, jnp.maximum(c, launch.launch_idle_cycles))  # noqa: E731
+    capped = lambda c: jnp.minimum(c + credit, jnp.maximum(c, launch.chip.launch_idle_cycles))  # noqa: E731
     recurrence = replace(r, cycle=moved(r.cycle), trips=jnp.where(looping, r.trips - j.m * gains, r.trips),
                          counters=r.counters + gained, credit=capped(r.credit))
     out = replace(

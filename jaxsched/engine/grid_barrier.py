@@ -23,7 +23,7 @@ def grid_barrier(state: State, launch: Launch) -> tuple[State, Bool[Array, ""]]:
     k = state.tick
     live = jnp.sum(state.cta_live, dtype=jnp.int32)
     complete = (state.g_arrived > 0) & (state.g_arrived == live) & (state.g_release == INF)
-    release_at = jnp.where(complete, k + launch.grid_sync_ticks, state.g_release)
+    release_at = jnp.where(complete, k + launch.program.grid_sync_ticks, state.g_release)
     due = release_at == k
     out = replace(
         state,

@@ -50,7 +50,7 @@ def release(w: Warps, released: Bool[Array, "warp sm"], clock: Clock, launch: La
     cycle. Returns every warp's wake and the intervals' (long, short, wait) cycles per SM."""
     start = clock.cycle
     fixed, mio, mem = _waited(w, launches, shapes)
-    m = mem_cycle(mem, clock.tick, start, clock.freq, clock.acc, launch.tick_mhz)
+    m = mem_cycle(mem, clock.tick, start, clock.freq, clock.acc, launch.clocks.tick_mhz)
     b = blocked_split(fixed, mio, w.ready_fetch, m, start)
     return jnp.where(released, b.wake, w.wake), interval_cycles(b, released)
 
@@ -67,7 +67,7 @@ def reclock(w: Warps, clock: Clock, old_freq: Int[Array, " sm"], launch: Launch,
     start = clock.cycle
 
     def split(freq: Int[Array, " sm"]) -> Blocked:
-        m = mem_cycle(mem, k, start, freq, clock.acc, launch.tick_mhz)
+        m = mem_cycle(mem, k, start, freq, clock.acc, launch.clocks.tick_mhz)
         return blocked_split(fixed, mio, w.ready_fetch, m, start)
 
     old, new = split(old_freq), split(clock.freq)

@@ -21,7 +21,7 @@ from .state import State
 
 def has_free_slot(state: State, launch: Launch, shapes: Shapes) -> Bool[Array, " sm"]:
     """Some CTA slot `j < ctas_per_sm` holds no CTA (usable yet or not)."""
-    in_range = jnp.arange(shapes.cta_slots, dtype=jnp.int32)[:, None] < launch.ctas_per_sm
+    in_range = jnp.arange(shapes.cta_slots, dtype=jnp.int32)[:, None] < launch.program.ctas_per_sm
     return jnp.any(in_range & (state.cta_id < 0), axis=0)
 
 
@@ -32,7 +32,7 @@ def collect(
     """Credit after `cycles` SM cycles with `starved` schedulers each, capped at
     `launch_idle_cycles`; only SMs with a free slot collect. `min(cycles, cap)` keeps the
     product inside int32 over long skips."""
-    cap = launch.launch_idle_cycles
+    cap = launch.chip.launch_idle_cycles
     gain = starved * jnp.minimum(cycles, cap).astype(jnp.int32)
     return jnp.where(free, jnp.minimum(cap, credit + gain), credit)
 
@@ -42,7 +42,7 @@ def cycles_to_full(
 ) -> Int[Array, " sm"]:
     """SM cycles until the credit reaches `launch_idle_cycles` at this rate (0: already full;
     -1: it does not grow)."""
-    short = launch.launch_idle_cycles - credit
+    short = launch.chip.launch_idle_cycles - credit
     grows = free & (starved > 0)
     n = floor_div(short + jnp.maximum(starved, 1) - 1, jnp.maximum(starved, 1))
     return jnp.where(short <= 0, 0, jnp.where(grows, n, -1))
@@ -50,4 +50,4 @@ def cycles_to_full(
 
 def can_launch(credit: Int[Array, " sm"], launch: Launch) -> Bool[Array, " sm"]:
     """SMs that hold the credit for one more refill (always, with the rule off)."""
-    return credit >= launch.launch_idle_cycles
+    return credit >= launch.chip.launch_idle_cycles

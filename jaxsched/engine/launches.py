@@ -17,19 +17,17 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ..kernel import WAIT_BITS
-from ..lower import Launch, Shapes
+from ..lower import Launch, Program, Shapes
 from ..workload import WorkloadLaunch
 from .state import INF
 
 
-def instruction_table(launch: Launch) -> Int[Array, "instr 9"]:
+def instruction_table(program: Program) -> Int[Array, "instr 9"]:
     """Per-instruction fields packed as columns (op, waits, lat, issue_cost64, mio, mem_lat, l2,
     dram, writes)."""
-    return jnp.stack(
-        [launch.op, launch.waits, launch.lat_cycles, launch.issue_cost64,
-         launch.mio_cost, launch.mem_lat_ticks, launch.l2_cost, launch.dram_cost, launch.writes],
-        axis=-1,
-    )
+    p = program
+    return jnp.stack([p.op, p.waits, p.lat_cycles, p.issue_cost64, p.mio_cost, p.mem_lat_ticks, p.l2_cost, p.dram_cost,
+                      p.writes], axis=-1)
 
 
 class Launches(eqx.Module):
@@ -68,19 +66,19 @@ def _cta_launch(cta_base: Int[Array, " launch"], n_ctas: Int[Array, " launch"], 
 def make_launches(per: Launch, work: WorkloadLaunch, shapes: Shapes) -> Launches:
     """`per`: the launches' own lowerings stacked on a leading axis (`lower.lower` of each
     kernel at the same tick rate); `work`: the workload-level lowering."""
-    instructions = jax.vmap(instruction_table)(per)
+    instructions = jax.vmap(instruction_table)(per.program)
     return Launches(
         instructions=instructions,
         op_waits=(instructions[..., 0] << WAIT_BITS) | instructions[..., 1],
-        loop_start=per.loop_start,
-        loop_end=per.loop_end,
-        branch_start=per.branch_start,
-        branch_mid=per.branch_mid,
-        branch_end=per.branch_end,
-        warps_per_cta=per.warps_per_cta,
-        lanes_last_warp=per.lanes_last_warp,
-        cta_reg_share=per.warps_per_cta * per.warp_reg_share,
-        cta_smem_bytes=per.cta_smem_bytes,
+        loop_start=per.program.loop_start,
+        loop_end=per.program.loop_end,
+        branch_start=per.program.branch_start,
+        branch_mid=per.program.branch_mid,
+        branch_end=per.program.branch_end,
+        warps_per_cta=per.program.warps_per_cta,
+        lanes_last_warp=per.program.lanes_last_warp,
+        cta_reg_share=per.program.warps_per_cta * per.program.warp_reg_share,
+        cta_smem_bytes=per.program.cta_smem_bytes,
         n_ctas=work.grid_ctas,
         cta_base=work.cta_base,
         submit_ticks=work.submit_ticks,
@@ -94,7 +92,7 @@ def single(launch: Launch, shapes: Shapes) -> Launches:
     """One kernel as the workload of one launch with no launch overhead (`simulate(kernel)`)."""
     zero = jnp.zeros((1,), jnp.int32)
     work = WorkloadLaunch(submit_ticks=zero, gap_ticks=jnp.int32(0), deps=jnp.zeros((1, 1), bool),
-                          grid_ctas=launch.n_ctas[None], cta_base=zero)
+                          grid_ctas=launch.program.n_ctas[None], cta_base=zero)
     return make_launches(jax.tree.map(lambda x: jnp.asarray(x)[None], launch), work, shapes)
 
 

@@ -35,7 +35,7 @@ class Domains(NamedTuple):
 
 
 def domains(launch: Launch) -> Domains:
-    d, en = launch.dvfs, launch.sm_enabled
+    d, en = launch.clocks.dvfs, launch.chip.sm_enabled
     clock = (d.clock_domain[:, None] == d.clock_domain[None, :]) & en[None, :]
     thermal = (d.thermal_domain[:, None] == d.thermal_domain[None, :]) & en[None, :]
     return Domains(clock, thermal, jnp.sum(clock, axis=1, dtype=jnp.int64),
@@ -48,7 +48,7 @@ def _i64(x: Array) -> Array:
 
 def voltage_mv(launch: Launch, f_mhz: Int[Array, " sm"]) -> Int[Array, " sm"]:
     """The linear V-f curve between (f_min, v_min) and (f_max, v_max), int64 mV."""
-    d = launch.dvfs
+    d = launch.clocks.dvfs
     span = _i64(d.f_max_mhz - d.f_min_mhz)
     f = _i64(jnp.clip(f_mhz, d.f_min_mhz, d.f_max_mhz))
     v = _i64(d.v_min_mv) + _i64(d.v_max_mv - d.v_min_mv) * (f - _i64(d.f_min_mhz)) // jnp.maximum(span, 1)
@@ -57,25 +57,25 @@ def voltage_mv(launch: Launch, f_mhz: Int[Array, " sm"]) -> Int[Array, " sm"]:
 
 def sm_clock(launch: Launch, dv: DvfsState) -> Int[Array, " sm"]:
     """f_s = max(1, min(fd, cap_s) - droop_s) on enabled SMs, 0 on floorswept ones."""
-    f = jnp.maximum(1, jnp.minimum(dv.domain_mhz, launch.sm_freq_mhz) - dv.droop_mhz)
-    return jnp.where(launch.sm_enabled, f, 0).astype(jnp.int32)
+    f = jnp.maximum(1, jnp.minimum(dv.domain_mhz, launch.clocks.sm_freq_mhz) - dv.droop_mhz)
+    return jnp.where(launch.chip.sm_enabled, f, 0).astype(jnp.int32)
 
 
 def initial_dvfs(launch: Launch, dv: DvfsState) -> tuple[Int[Array, " sm"], DvfsState]:
     """Clocks at tick 0 and the DVFS state at launch (section 12, "State")."""
-    d = launch.dvfs
+    d = launch.clocks.dvfs
     dv = replace(
         dv,
         domain_mhz=jnp.full_like(dv.domain_mhz, d.f_init_mhz),
         temp_mk=jnp.full_like(dv.temp_mk, _i64(d.temp0_mk)),
         next_sample=d.phase_ticks,
     )
-    return jnp.where(d.mode == OFF, launch.sm_freq_mhz, sm_clock(launch, dv)), dv
+    return jnp.where(d.mode == OFF, launch.clocks.sm_freq_mhz, sm_clock(launch, dv)), dv
 
 
 def _fold(dv: DvfsState, counters: Counters, launch: Launch, do: Bool[Array, ""]) -> DvfsState:
     """Energy fold of every SM at its domain's current voltage (if `do`)."""
-    d = launch.dvfs
+    d = launch.clocks.dvfs
     activity = (jnp.sum(_i64(d.e_op_pj)[:, None] * (counters.sm_issued_op - dv.snap_issued_op), axis=0)
                 + _i64(d.e_cycle_pj) * (counters.sm_cycles - dv.snap_cycles))
     v = voltage_mv(launch, dv.domain_mhz)
@@ -109,18 +109,18 @@ def _domain_sum(same: Bool[Array, "sm sm"], x: Int[Array, " sm"]) -> Int[Array, 
 
 def _sm_power_mw(dv: DvfsState, launch: Launch) -> Int[Array, " sm"]:
     """Dynamic power over the last window plus static power at the current V and T, mW."""
-    d = launch.dvfs
+    d = launch.clocks.dvfs
     window = dv.energy_pj - dv.energy_at_sample_pj
-    dynamic = window * _i64(launch.tick_mhz) // (1000 * _i64(d.period_ticks))
+    dynamic = window * _i64(launch.clocks.tick_mhz) // (1000 * _i64(d.period_ticks))
     leak = _i64(d.leak_mw) * voltage_mv(launch, dv.domain_mhz) // _i64(d.v_max_mv)
     temp_factor = 1000 + _i64(d.leak_pm) * (dv.temp_mk - T_REF_MK) // 1000
     static = jnp.maximum(0, leak * temp_factor // 1000)
-    return jnp.where(launch.sm_enabled, dynamic + static, 0)
+    return jnp.where(launch.chip.sm_enabled, dynamic + static, 0)
 
 
 def _controller(dv: DvfsState, launch: Launch, doms: Domains, power: Int[Array, " sm"]) -> Int[Array, " sm"]:
     """One bin down over the cap or the thermal limit, one bin up if it would still fit."""
-    d = launch.dvfs
+    d = launch.clocks.dvfs
     f = _i64(dv.domain_mhz)
     step = _i64(d.bin_mhz)
     amp = _i64(d.noise_mw)
@@ -141,7 +141,7 @@ def _controller(dv: DvfsState, launch: Launch, doms: Domains, power: Int[Array, 
 def _sample(dv: DvfsState, state: State, launch: Launch, shapes: Shapes, doms: Domains, k: Int[Array, ""],
             do: Bool[Array, ""]) -> DvfsState:
     """Step 3 at tick `k`: power and temperature of the last window, the decision, droop, the trace."""
-    d = launch.dvfs
+    d = launch.clocks.dvfs
     dv = _fold(dv, state.counters, launch, do)
     power = _sm_power_mw(dv, launch)
     t_power = _domain_sum(doms.thermal_same, power)
@@ -161,7 +161,7 @@ def _sample(dv: DvfsState, state: State, launch: Launch, shapes: Shapes, doms: D
             trace_tick=dv.trace_tick.at[row].set(k, mode="drop"),
             trace_mhz=dv.trace_mhz.at[row].set(state.freq, mode="drop"),
             trace_mw=dv.trace_mw.at[row].set(power, mode="drop"),
-            trace_mk=dv.trace_mk.at[row].set(jnp.where(launch.sm_enabled, dv.temp_mk, 0), mode="drop"),
+            trace_mk=dv.trace_mk.at[row].set(jnp.where(launch.chip.sm_enabled, dv.temp_mk, 0), mode="drop"),
         )
     return replace(
         dv,
@@ -179,7 +179,7 @@ def dvfs_step(state: State, launch: Launch, shapes: Shapes, doms: Domains, k: In
               due: Bool[Array, ""]) -> State:
     """Section 12's step at tick `k`, after the tick's cycles, dispatch and queue drain, where
     `due` (every SM has run to `k`: `decouple.dvfs_due`)."""
-    on = (launch.dvfs.mode != OFF) & due
+    on = (launch.clocks.dvfs.mode != OFF) & due
     dv = _apply_pending(state.dvfs, state.counters, launch, k, on)
     dv = _sample(dv, state, launch, shapes, doms, k, on & (k == dv.next_sample))
     dv = _apply_pending(dv, state.counters, launch, k, on)
@@ -190,14 +190,14 @@ def next_dvfs_event(state: State, launch: Launch) -> Int[Array, ""]:
     """The next tick at which the DVFS step changes anything (INF with DVFS off)."""
     dv = state.dvfs
     nxt = jnp.minimum(dv.next_sample, jnp.minimum(dv.pending_tick, dv.droop_tick))
-    return jnp.where(launch.dvfs.mode != OFF, nxt, INF)
+    return jnp.where(launch.clocks.dvfs.mode != OFF, nxt, INF)
 
 
 def final_outputs(state: State, launch: Launch) -> dict[str, Array]:
     """Section 12's outputs: energy after a final fold, end clocks and temperatures, the trace."""
-    on = launch.dvfs.mode != OFF
+    on = launch.clocks.dvfs.mode != OFF
     dv = _fold(state.dvfs, state.counters, launch, on)
-    keep = on & launch.sm_enabled
+    keep = on & launch.chip.sm_enabled
     return dict(
         sm_energy_pj=jnp.where(keep, dv.energy_pj, 0),
         sm_clock_end_mhz=jnp.where(keep, state.freq, 0),

@@ -18,10 +18,9 @@ import numpy as np
 from jaxtyping import Array, Bool, Float
 
 from ..arch import Arch
-from ..clocks import Clocks
 from ..errors import check
 from ..kernel import Kernel, data_rows, pad_program
-from ..lower import Shapes, cta_slots_for, dep_slots, shapes_for, validate
+from ..lower import Shapes, cta_slots_for, dep_slots, shapes_for, validate_launch
 from ..workload import (
     Workload,
     WorkloadLaunch,
@@ -50,13 +49,14 @@ class WorkloadInput(eqx.Module):
         return lower_launches(grid, self.deps, self.graph, self.api_ns, self.gap_ns, tick_mhz)
 
 
-def prepare_workload(workload: Workload, arch: Arch, clocks: Clocks, n_instr: int | None = None) -> WorkloadInput:
+def prepare_workload(workload: Workload, arch: Arch, n_instr: int | None = None) -> WorkloadInput:
     """Checked, padded to `n_instr` instructions (default: the longest program), unnamed,
-    overheads filled from `arch`, structure as arrays."""
+    overheads filled from `arch`, structure as arrays. `arch` is the caller's to check (`Params`
+    does); each launch is checked against it here."""
     check(isinstance(workload, Workload), "workload", type(workload).__name__, "a jaxsched.workload.Workload")
     validate_structure(workload)
     for kernel in workload.kernels:
-        validate(arch, kernel, clocks)
+        validate_launch(arch, kernel)
     n_instr = max(k.n_instr for k in workload.kernels) if n_instr is None else n_instr
     loops = max(np.shape(k.loop_start)[-1] for k in workload.kernels)
     branches = max(np.shape(k.branch_start)[-1] for k in workload.kernels)

@@ -31,8 +31,8 @@ def warp_cta(state_warp_cta: Int[Array, "warp sm"], launch: Launch, shapes: Shap
     with several launches, the static layout with one."""
     if shapes.n_launches > 1:
         return state_warp_cta
-    j = cta_slot_of(hardware_slot(shapes), launch.warps_per_cta, shapes)
-    return jnp.broadcast_to(j[:, None], (shapes.warp_slots, launch.sm_enabled.shape[-1]))
+    j = cta_slot_of(hardware_slot(shapes), launch.program.warps_per_cta, shapes)
+    return jnp.broadcast_to(j[:, None], (shapes.warp_slots, launch.chip.sm_enabled.shape[-1]))
 
 
 def of_cta(x: Array, cta: Int[Array, "warp sm"]) -> Array:
@@ -69,7 +69,7 @@ def room(
         return jnp.where(need > 0, floor_div(cap - used(table), jnp.maximum(need, 1)), _NO_LIMIT)
 
     regs = fits(launches.cta_reg_share[head], shapes.schedulers * REG_SHARE_ONE, launches.cta_reg_share)
-    smem = fits(launches.cta_smem_bytes[head], launch.smem_per_sm_bytes, launches.cta_smem_bytes)
+    smem = fits(launches.cta_smem_bytes[head], launch.program.smem_per_sm_bytes, launches.cta_smem_bytes)
     runs = jnp.any(_starts(free, launches.warps_per_cta[head]), axis=0)
     return jnp.where(runs, jnp.minimum(regs, smem), 0)
 

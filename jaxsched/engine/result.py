@@ -110,14 +110,14 @@ def outputs(final: State, run: Run, arch: Arch, shapes: Shapes) -> Result:
     launch, launches = run.launch, run.launches
     c = final.counters
     ticks = final.last_exit_tick + 1
-    ns = ticks.astype(jnp.float64) * 1000.0 / launch.tick_mhz
+    ns = ticks.astype(jnp.float64) * 1000.0 / launch.clocks.tick_mhz
     return Result(
         makespan_ticks=ticks,
         makespan_ns=ns,
         makespan_cycles=ticks.astype(jnp.float64) * jnp.round(arch.boost_clock_ghz * 1000.0).astype(jnp.float64)
-        / launch.tick_mhz,
-        tick_mhz=launch.tick_mhz,
-        completed=final.ctas_done >= launch.n_ctas,
+        / launch.clocks.tick_mhz,
+        tick_mhz=launch.clocks.tick_mhz,
+        completed=final.ctas_done >= launch.program.n_ctas,
         ticks_stepped=final.steps,
         sm_cycles=c.sm_cycles,
         sm_busy_cycles=c.sm_busy_cycles,

@@ -22,9 +22,8 @@ from ..lower import Launch, Shapes
 from .mechanics import columns
 from .cycle import run_tick
 from .decouple import Decision, Decoupling, align, decide, dvfs_due, limit, settle, wanting
-from .dispatch import (Slots, Variation, commit, has_work, learn_cta_durations, place, placed, plan,
-                       start_warps)
-from .dispatch_policies import ESTIMATE_POLICIES, is_one_of
+from .dispatch import Slots, Variation, commit, has_work, place, placed, plan, start_warps
+from .dispatch_policies import ESTIMATE_POLICIES, init, is_one_of, observe
 from .events import skip_to_next_event
 from .fast_forward import fast_forward
 from .grid_barrier import grid_barrier
@@ -53,21 +52,20 @@ def start(run: Run, shapes: Shapes) -> State:
     state = initial_state(shapes)
     freq, dv = initial_dvfs(launch, state.dvfs)
     return dataclasses.replace(state, freq=freq, dvfs=dv, kernel_ready=initial_ready(run.launches),
-                               dispatch=dataclasses.replace(
-                                   state.dispatch, est=jnp.full_like(state.dispatch.est, launch.ema_prior_ticks)),
-                               launch_credit=jnp.full_like(state.launch_credit, launch.launch_idle_cycles))
+                               dispatch=dataclasses.replace(state.dispatch, est=init(launch, state.dispatch.est)),
+                               launch_credit=jnp.full_like(state.launch_credit, launch.chip.launch_idle_cycles))
 
 
 def _batch_of_one(runs: Run) -> bool:
     """Whether the batch holds one configuration (the CPU's chunk): its loop ends with it, and
-    its warp policy is the batch's (`loop`, `cycle.select`)."""
-    return runs.launch.warp_policy.shape[0] == 1
+    its warp policy is the batch's (`loop`, `warp_scheduler.select`)."""
+    return runs.launch.policy.warp_policy.shape[0] == 1
 
 
 def running(run: Run, state: State, max_ticks: int) -> Array:
     """CTAs remain and the tick limit is not reached (on their own time: by some SM)."""
-    own = jnp.any(run.launch.sm_enabled & (state.acct < max_ticks - 1))
-    return (state.ctas_done < run.launch.n_ctas) & jnp.where(run.decoupling.free, own, state.tick < max_ticks)
+    own = jnp.any(run.launch.chip.sm_enabled & (state.acct < max_ticks - 1))
+    return (state.ctas_done < run.launch.program.n_ctas) & jnp.where(run.decoupling.free, own, state.tick < max_ticks)
 
 
 def _columns_per_pass() -> int:
@@ -111,7 +109,7 @@ def _dispatch(runs: Run, states: State, was_occupied: Bool[Array, "batch cta sm"
     configurations per chunk, about 1 % at one (docs/engine_performance.md, "The closed loop's work only
     where it decides something"). Results do not depend on either."""
     def closed(s: State) -> tuple[Array, Slots]:
-        est = jax.vmap(lambda r, x, o: learn_cta_durations(x, o, r.launch))(runs, s, was_occupied)
+        est = jax.vmap(lambda r, x, o: observe(x, o, r.launch))(runs, s, was_occupied)
         return est, _place(runs, dataclasses.replace(s, dispatch=dataclasses.replace(s.dispatch, est=est)), shapes,
                            True, at)
 
@@ -119,7 +117,8 @@ def _dispatch(runs: Run, states: State, was_occupied: Bool[Array, "batch cta sm"
         return s.dispatch.est, _place(runs, s, shapes, False, at)
 
     if shapes.closed_loop:
-        est, slots = jax.lax.cond(jnp.any(is_one_of(runs.launch.dispatch_policy, ESTIMATE_POLICIES)), closed, open_loop, states)
+        learns = jnp.any(is_one_of(runs.launch.policy.dispatch_policy, ESTIMATE_POLICIES))
+        est, slots = jax.lax.cond(learns, closed, open_loop, states)
     else:
         est, slots = open_loop(states)
     return dataclasses.replace(states, dispatch=dataclasses.replace(states.dispatch, est=est)), slots
@@ -163,7 +162,7 @@ def _warp_work(runs: Run, states: State, t: _Touched, old_freq: Array, shapes: S
     """`_columns_work` on every SM that needs it (`columns.for_marked_sms`), `states` being the
     state before the placements' commit. Returns the state, the SMs touched (their next cycle is
     an event) and the work items the new warps took."""
-    marked = (jnp.any(t.released, axis=1) | jnp.any(t.new, axis=1) | (t.grid[:, None] & runs.launch.sm_enabled)
+    marked = (jnp.any(t.released, axis=1) | jnp.any(t.new, axis=1) | (t.grid[:, None] & runs.launch.chip.sm_enabled)
               | (states.freq != old_freq))
 
     def work(at: Array, carry: tuple) -> tuple:
@@ -189,7 +188,7 @@ def _decide(runs: Run, states: State, shapes: Shapes, ran: Bool[Array, "batch sm
     on their own time the decision of `decouple.decide`, made where some SM of the batch wants
     a CTA or waits for one (a batch-level conditional: `decide` reads every warp)."""
     v = jax.vmap
-    chip = Decision(candidate=runs.launch.sm_enabled, start=jnp.broadcast_to(states.tick[:, None], tick.shape),
+    chip = Decision(candidate=runs.launch.chip.sm_enabled, start=jnp.broadcast_to(states.tick[:, None], tick.shape),
                     park=states.park)
     if not shapes.free_sms:
         return states, chip
@@ -214,12 +213,12 @@ def step(runs: Run, states: State, shapes: Shapes, max_ticks: int) -> State:
     anything after its cycles touched (a release, new CTAs, a clock change) has its next cycle
     as an event."""
     v = jax.vmap
-    one = jnp.minimum(jnp.min(runs.launch.tick_mhz), 1)  # a traced 1 (`materialize.once`)
+    one = jnp.minimum(jnp.min(runs.launch.clocks.tick_mhz), 1)  # a traced 1 (`materialize.once`)
     was_occupied = states.cta_id >= 0
-    policy = runs.launch.warp_policy[0] if _batch_of_one(runs) else None  # `cycle.select`
+    policy = runs.launch.policy.warp_policy[0] if _batch_of_one(runs) else None  # `warp_scheduler.select`
     last = v(lambda r, s: limit(s, r.launch, r.decoupling, max_ticks))(runs, states)
     tick = jnp.where(runs.decoupling.free[:, None], states.resume, states.tick[:, None])
-    ran = runs.launch.sm_enabled & (states.resume <= last)
+    ran = runs.launch.chip.sm_enabled & (states.resume <= last)
     states, looks, released = v(lambda r, s, t, x: run_tick(s, r.launch, shapes, r.launches, one, t, x, policy))(
         runs, states, tick, ran)
     states, due = v(lambda r, s: grid_barrier(s, r.launch))(runs, states)
@@ -238,8 +237,8 @@ def step(runs: Run, states: State, shapes: Shapes, max_ticks: int) -> State:
     if shapes.fast_forward:
         states, looks = fast_forward(runs, states, looks, shapes, max_ticks, one)
     states = dataclasses.replace(states, steps=states.steps + 1)
-    return v(lambda r, s, o: skip_to_next_event(s, r.launch, shapes, s.ctas_done >= r.launch.n_ctas, r.launches, o,
-                                                one, r.decoupling, max_ticks))(runs, states, looks)
+    return v(lambda r, s, o: skip_to_next_event(s, r.launch, shapes, s.ctas_done >= r.launch.program.n_ctas,
+                                                r.launches, o, one, r.decoupling, max_ticks))(runs, states, looks)
 
 
 def _frozen(state: State) -> dict:
@@ -289,4 +288,4 @@ def loop(runs: Run, shapes: Shapes, max_ticks: int, begin: State | None = None) 
 
     begin = jax.vmap(lambda r: start(r, shapes))(runs) if begin is None else begin
     final, n = jax.lax.while_loop(any_running, body, (begin, jnp.int32(0)))
-    return jax.vmap(lambda r, s: settle(align(s, r.launch), r.decoupling, r.launch.n_ctas))(runs, final), n
+    return jax.vmap(lambda r, s: settle(align(s, r.launch), r.decoupling, r.launch.program.n_ctas))(runs, final), n

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jaxtyping import Array, Int
 
-from ..lower import Launch
+from ..lower import Program
 from .launches import WarpProgram
 
 _GOLDEN = 0x9E3779B9
@@ -28,31 +28,31 @@ def hash3(seed: Array, stream: int, a: Array, b: Array) -> Array:
 
 
 def warp_variation(
-    launch: Launch, cta: Int[Array, ""], warp: Int[Array, " n"]
+    program: Program, cta: Int[Array, ""], warp: Int[Array, " n"]
 ) -> tuple[Int[Array, "n loop"], Int[Array, " n"], Int[Array, "n branch"]]:
     """(trip count per loop, lanes, lanes per branch path) of warps `warp` of CTA `cta`: from the
     hashes, or from the kernel's data tables where it has them (docs/model.md section 4). A
     branch's entry packs the lanes that run its if-path and its else-path, `if | else << 6`:
     the lanes of its enclosing path (`branch_parent`) that take it, and those that do not."""
-    n_loops, n_branches = launch.loop_start.shape[-1], launch.branch_start.shape[-1]
+    n_loops, n_branches = program.loop_start.shape[-1], program.branch_start.shape[-1]
     k = jnp.arange(n_loops, dtype=jnp.int32)
-    cs, ws = launch.trips_cta_spread, launch.trips_warp_spread
-    cta_off = (hash3(launch.seed, 1, cta, k) % (2 * cs + 1).astype(jnp.uint32)).astype(jnp.int32) - cs
-    warp_add = (hash3(launch.seed, 2, cta, warp[:, None] + 32 * k[None, :])
+    cs, ws = program.trips_cta_spread, program.trips_warp_spread
+    cta_off = (hash3(program.seed, 1, cta, k) % (2 * cs + 1).astype(jnp.uint32)).astype(jnp.int32) - cs
+    warp_add = (hash3(program.seed, 2, cta, warp[:, None] + 32 * k[None, :])
                 % (ws + 1).astype(jnp.uint32)).astype(jnp.int32)
-    row = jnp.clip(cta, 0, launch.trips_data.shape[-2] - 1)
-    trips = jnp.where(launch.trips_from_data, launch.trips_data[:, row, warp].T,
-                      jnp.maximum(0, launch.trips + cta_off + warp_add))
-    lanes = jnp.where(warp == launch.warps_per_cta - 1, launch.lanes_last_warp, 32)
+    row = jnp.clip(cta, 0, program.trips_data.shape[-2] - 1)
+    trips = jnp.where(program.trips_from_data, program.trips_data[:, row, warp].T,
+                      jnp.maximum(0, program.trips + cta_off + warp_add))
+    lanes = jnp.where(warp == program.warps_per_cta - 1, program.lanes_last_warp, 32)
     lane = jnp.arange(32, dtype=jnp.int32)
     b = jnp.arange(n_branches, dtype=jnp.int32)
-    draws = hash3(launch.seed, 3, cta, 1024 * b[:, None, None] + 32 * warp[None, :, None] + lane) >> 8
-    masks = launch.if_data[:, row, warp]  # [branch, n]
-    takes_if = jnp.where(launch.if_from_data[:, None, None], (masks[..., None] >> lane) & 1 == 1,
-                         draws.astype(jnp.int32) < launch.branch_threshold[:, None, None])
+    draws = hash3(program.seed, 3, cta, 1024 * b[:, None, None] + 32 * warp[None, :, None] + lane) >> 8
+    masks = program.if_data[:, row, warp]  # [branch, n]
+    takes_if = jnp.where(program.if_from_data[:, None, None], (masks[..., None] >> lane) & 1 == 1,
+                         draws.astype(jnp.int32) < program.branch_threshold[:, None, None])
     paths = [lane[None, :] < lanes[:, None]]  # the warp's lanes, then each branch's if- and else-path
     for j in range(n_branches):
-        parent = launch.branch_parent[j]
+        parent = program.branch_parent[j]
         around = jnp.stack(paths)[jnp.where(parent < 0, 0, parent + 1)]
         paths += [around & takes_if[j], around & ~takes_if[j]]
     count = lambda p: jnp.sum(p, axis=-1, dtype=jnp.int32)  # noqa: E731
@@ -61,13 +61,13 @@ def warp_variation(
     return trips, lanes, per_branch
 
 
-def resolve_pc(prog: Launch | WarpProgram, pc: Array, trips_left: Array, branch_lanes: Array) -> Array:
+def resolve_pc(prog: Program | WarpProgram, pc: Array, trips_left: Array, branch_lanes: Array) -> Array:
     """Apply the fetch rules (docs/model.md section 6) until none applies: a loop whose warp has
     no trips left is skipped, an if-path or else-path without lanes too. Where several apply at
     one pc, the farthest target wins (the outermost region that is skipped). Each rule moves the
     pc forward, so `loops + 2 branches` rounds reach the fixed point. `trips_left`:
     [loop, ...]; `branch_lanes`: [branch, ...] (`warp_variation`'s packing); the structure is one
-    program's (`Launch`) or each warp's own (`WarpProgram`), loop and branch axes first."""
+    program's (`Program`) or each warp's own (`WarpProgram`), loop and branch axes first."""
     if_lanes, else_lanes = branch_lanes & 63, branch_lanes >> 6
     for _ in range(trips_left.shape[0] + 2 * branch_lanes.shape[0]):
         at = pc[None]
@@ -78,7 +78,7 @@ def resolve_pc(prog: Launch | WarpProgram, pc: Array, trips_left: Array, branch_
     return pc
 
 
-def active_lanes(prog: Launch | WarpProgram, pc: Array, lanes: Array, branch_lanes: Array) -> Array:
+def active_lanes(prog: Program | WarpProgram, pc: Array, lanes: Array, branch_lanes: Array) -> Array:
     """Lanes that execute the instruction at `pc` (SIMT serialisation): those of the innermost
     if- or else-path that holds it (the highest-numbered branch: enclosing ones open first), else
     all the warp's lanes."""
@@ -90,7 +90,7 @@ def active_lanes(prog: Launch | WarpProgram, pc: Array, lanes: Array, branch_lan
     return out
 
 
-def back_edge(prog: Launch | WarpProgram, pc: Array, trips_left: Array, trips: Array | None, take: Array
+def back_edge(prog: Program | WarpProgram, pc: Array, trips_left: Array, trips: Array | None, take: Array
               ) -> tuple[Array, Array, Array]:
     """After the instruction at `pc` issues: (whether a loop's back-edge is taken, the next pc
     before the fetch rules, the trips left per loop). The loop that ends at `pc` (at most one)

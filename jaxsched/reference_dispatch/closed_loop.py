@@ -1,11 +1,32 @@
 """Closed-loop dispatch (docs/model.md section 9): each SM's CTA duration learnt by an EMA of the
-CTAs it completed, censored by its oldest running CTA (`_Sim.censored_estimates`); the SM with
+CTAs it completed (`observe`), censored by its oldest running CTA (`estimates`); the SM with
 the smallest estimate, then the most usable free slots, then the lowest rank. In the tail it
 holds the CTA if the launch's CTAs left fit in clearly better slots: expected to finish it
 earlier by the hold margin (`hold_margin`, a share of its estimate, 1/8 by default)."""
 
 NUMBER = 4
-READS_ESTIMATES = True  # it reads the censored estimates (`_Sim.dispatch`); the engine learns them for it
+READS_ESTIMATES = True  # it learns estimates (`observe`) and reads them (`estimates`); so does its engine twin
+
+
+def observe(sim, sm, kernel, g: int, t0: int, k: int) -> None:
+    """Section 9 (per launch, section 13): CTA `g` of `kernel`, started at tick `t0`, completed
+    on `sm` at tick `k`: `est_{l,s} += floor(a * (k - t0 - est_{l,s}) / 256)` (Python floor
+    division, negative values too)."""
+    est = kernel.est[sm.index]
+    est += (sim.ema_alpha_256 * (k - t0 - est)) // 256
+    kernel.est[sm.index] = est
+    sim.chip.est_log.append((k, sm.index, g, k - t0, est))
+
+
+def estimates(sim, kernel, k: int) -> list[int]:
+    """`e_s = max(est_{l,s}, k - t_s)` of launch `l` = `kernel` at tick `k`, `t_s` the earliest
+    start of its CTAs resident on `s` (the term is 0 if it has none there)."""
+    return [
+        max(kernel.est[sm.index],
+            max((k - t0 for cta, t0 in zip(sm.cta_id, sm.start)
+                 if cta >= 0 and sim.chip.cta_kernel[cta] == kernel.index), default=0))
+        for sm in sim.sms
+    ]
 
 
 def key(sim, kernel, sm, room: int) -> tuple:

@@ -153,7 +153,7 @@ def make_launch(arch: Arch, kernel: Kernel, sm_freq_mhz: ArrayLike, work: Work,
         work=work,
         sm_freq_mhz=jnp.asarray(np.where(enabled, f, 0.0)),
         sm_enabled=jnp.asarray(enabled),
-        dispatch_rank=jnp.asarray(np.asarray(launch.dispatch_rank), jnp.float32),
+        dispatch_rank=jnp.asarray(np.asarray(launch.policy.dispatch_rank), jnp.float32),
         ctas_per_sm=jnp.asarray(int(occ.blocks_per_sm), jnp.int32),
         cta_launch_ns=jnp.asarray(arch.cta_launch_ns, jnp.float32),
     )

@@ -1,5 +1,5 @@
-"""Configurations: a point of a sweep and one replicate, turned into the engine's inputs
-(`Config`, `engine_config`): the point's launch (`launched`: its kernel, or a workload of its
+"""Configurations: a point of a sweep and one replicate, turned into the `Params` the engine
+runs (`Config`, `engine_config`): the point's launch (`launched`: its kernel, or a workload of its
 launches), the replicate's per-SM clock map (`clock_map`) and DVFS parameters (`dvfs_params`),
 drawn from the sweep's seed and the replicate (`REPLICATE_STRIDE`); and the configurations that
 run (those of feasible points) in C order (`point_configs`, `configurations`). This is where
@@ -19,7 +19,7 @@ from .. import clocks, dvfs, freqmap
 from ..arch import Arch
 from ..dvfs import Dvfs
 from ..kernel import Kernel
-from ..lower import DISPATCH_POLICIES, WARP_POLICIES
+from ..params import Params, make_params
 from ..policies import FITTED_DISPATCH
 from ..sweep_paths import Point
 from ..workload import OVERHEAD_FIELDS, Workload, make_workload
@@ -31,37 +31,27 @@ REPLICATE_STRIDE = 1_000_003  # replicate r of seed s draws its chip from seed s
 
 
 class Config(NamedTuple):
-    """One configuration, ready for the engine."""
+    """One configuration of a sweep: where it lies (point index, replicate) and what runs."""
 
     index: tuple[int, ...]  # point index: grid dimensions..., design sample
     replicate: int
-    arch: Arch
-    kernel: Kernel
-    clocks: clocks.Clocks
-    warp_policy: int
-    dispatch: int
-    dispatch_start: int
-    dispatch_weight: np.ndarray | None  # None: the SM clocks in MHz
-    ema_alpha: float
-    ema_prior_ns: float
-    hold_margin: float
-    dvfs: Dvfs
+    params: Params
 
 
 def engine_config(sweep: Sweep, point: Point, index: tuple[int, ...], replicate: int) -> Config:
-    """The engine inputs of one point and replicate (the place where swept groups reach the
+    """The configuration of one point and replicate (the place where swept groups reach the
     engine call)."""
     arch, policy = point["arch"], point["policy"]
     if policy["dispatch"] == FITTED_DISPATCH:  # the policy and parameters of the fitted file
         policy = {**policy, "dispatch": sweep.fitted.dispatch, **sweep.fitted.values}
     weight = None if policy["weights"] == "clocks" else np.ones(arch.n_sm_slots, dtype=np.int32)
-    return Config(
-        index=tuple(index), replicate=replicate, arch=arch, kernel=launched(point["kernel"], point["workload"]),
-        clocks=clock_map(arch, point["clocks"], sweep.seed * REPLICATE_STRIDE + replicate),
-        warp_policy=WARP_POLICIES.index(policy["warp"]), dispatch=DISPATCH_POLICIES.index(policy["dispatch"]),
-        dispatch_start=policy["dispatch_start"], dispatch_weight=weight, ema_alpha=policy["ema_alpha"],
-        ema_prior_ns=policy["ema_prior_ns"], hold_margin=policy["hold_margin"],
-        dvfs=dvfs_params(arch, point["dvfs"], sweep.seed * REPLICATE_STRIDE + replicate))
+    seed = sweep.seed * REPLICATE_STRIDE + replicate
+    params = make_params(arch, launched(point["kernel"], point["workload"]), clock_map(arch, point["clocks"], seed),
+                         warp_policy=policy["warp"], dispatch=policy["dispatch"],
+                         dispatch_start=policy["dispatch_start"], dispatch_weight=weight,
+                         ema_alpha=policy["ema_alpha"], ema_prior_ns=policy["ema_prior_ns"],
+                         hold_margin=policy["hold_margin"], dvfs=dvfs_params(arch, point["dvfs"], seed))
+    return Config(index=tuple(index), replicate=replicate, params=params)
 
 
 def launched(kernel: Kernel, table: dict) -> Kernel | Workload:

@@ -89,17 +89,14 @@ class Runner:
                 + (f", process {jax.process_index()} of {jax.process_count()}" if jax.process_count() > 1 else ""))
 
     def __call__(self, configs: list[Config], batch: int) -> Result:
+        """The configurations' results, run as one batch of `batch` `Params` (the last repeated
+        to fill it; a list, which `simulate_batch` stacks once each is made ready: workloads of
+        one batch may differ in program length and structure, which `js.stack` refuses)."""
         n = len(configs)
-        padded = configs + configs[-1:] * (batch - n)
-        col = {name: [getattr(c, name) for c in padded] for name in Config._fields}
-        args = [col[name] for name in ("arch", "kernel", "clocks", "warp_policy", "dispatch", "dispatch_start")]
-        kwargs = dict(dispatch_weight=col["dispatch_weight"], ema_alpha=np.asarray(col["ema_alpha"]),
-                      ema_prior_ns=np.asarray(col["ema_prior_ns"]), hold_margin=np.asarray(col["hold_margin"]),
-                      dvfs=col["dvfs"],
-                      dvfs_step=self.dvfs_step, closed_loop_step=self.closed_loop_step,
-                      cta_slots=self.cta_slots, max_ctas=self.max_ctas, devices=self.devices,
-                      fast_forward_step=self.fast_forward_step)
-        result = simulate_batch(*args, **kwargs)
+        result = simulate_batch([c.params for c in configs + configs[-1:] * (batch - n)],
+                                dvfs_step=self.dvfs_step, closed_loop_step=self.closed_loop_step,
+                                cta_slots=self.cta_slots, max_ctas=self.max_ctas, devices=self.devices,
+                                fast_forward_step=self.fast_forward_step)
         return jax.tree.map(lambda x: x[:n], result)
 
 
@@ -167,7 +164,7 @@ def _variables(sweep: Sweep, configs: list[Config], result: Result) -> dict[str,
         "sm_busy_cycles": busy,
         "sm_cycles": cycles,
         "sm_utilisation": busy / np.maximum(cycles, 1),
-        "sm_freq_mhz": np.stack([np.asarray(c.clocks.sm_freq_mhz)[enabled] for c in configs]),
+        "sm_freq_mhz": np.stack([np.asarray(c.params.clocks.sm_freq_mhz)[enabled] for c in configs]),
         "ipc": per_sm("sm_issued") / np.maximum(busy, 1),
         "achieved_occupancy": per_sm("sm_warp_cycles") / np.maximum(busy, 1) / result.max_warps_per_sm,
         "stall_fraction": stalls / np.maximum(stalls.sum(-1, keepdims=True), 1),

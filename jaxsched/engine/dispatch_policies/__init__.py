@@ -9,9 +9,17 @@ A policy module gives:
   take CTAs before the others catch up (`decouple.py`);
 
 and, where the policy has one, `pointer_after(v, sm) -> Int[Array, ""]` (the shared pointer after
-`sm` took a CTA). A policy whose twin says `READS_ESTIMATES` (`policies.ESTIMATE_DISPATCH`) reads
-`View.est`: the closed loop's learning, censored estimates and hold are compiled in for it
-(`step._dispatch`).
+`sm` took a CTA). A policy that learns from the run (its twin says `READS_ESTIMATES`:
+`policies.ESTIMATE_DISPATCH`) keeps its state in the dispatch state's estimates
+(`state.Dispatch.est`, per launch and SM) through four hooks, which the engine calls for the
+configurations that dispatch by it and compiles in only where one does (`step._dispatch`):
+
+- `init(launch, est) -> est`: before the run;
+- `observe(state, was_occupied, launch) -> est`: after each tick's cycles, from the CTAs that
+  completed in them;
+- `estimates(state, tick) -> est`: what its score (`View.est`) and its hold read at a placement;
+- `hold(slots, launch, launching_tick, est, sm, tick, left) -> Bool`: keep the chosen SM's CTA
+  back for this tick.
 
 Policies are selected by a traced index, so one compiled simulation serves all of them: every
 policy's score is computed and the configuration's is selected.
@@ -19,12 +27,17 @@ policy's score is computed and the configuration's is selected.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
+from ...lower import Launch
 from ...policies import DISPATCH_POLICIES, ESTIMATE_DISPATCH, engine_twins
+from ..state import State
+
+if TYPE_CHECKING:
+    from ..dispatch import Slots
 
 
 class View(NamedTuple):
@@ -37,12 +50,16 @@ class View(NamedTuple):
     live_warps: Int[Array, " sm"]  # warps not exited, of every launch
     resident: Int[Array, " sm"]  # CTAs occupying a slot
     weight: Int[Array, " sm"]  # static dispatch weights
-    est: Int[Array, " sm"]  # the head launch's censored CTA-duration estimates, ticks (closed loop)
+    est: Int[Array, " sm"]  # the head launch's estimates as its policy reads them (`estimates`), ticks
     freq_mhz: Int[Array, " sm"]  # each SM's clock now
 
 
 MODULES = engine_twins(__name__, __path__, DISPATCH_POLICIES)
 ESTIMATE_POLICIES = tuple(DISPATCH_POLICIES.index(name) for name in ESTIMATE_DISPATCH)
+_LEARNING = tuple((DISPATCH_POLICIES.index(name), MODULES[name]) for name in ESTIMATE_DISPATCH)
+for _name in ESTIMATE_DISPATCH:
+    if not all(hasattr(MODULES[_name], hook) for hook in ("init", "observe", "estimates", "hold")):
+        raise ImportError(f"{__name__}.{_name} reads estimates, so needs init, observe, estimates and hold")
 STATIC_POLICIES = tuple(i for i, m in enumerate(MODULES.values()) if m.STATIC)
 
 
@@ -66,3 +83,34 @@ def pointer_after(v: View, policy: Int[Array, ""], sm: Int[Array, ""]) -> Int[Ar
     """The shared pointer after `sm` took a CTA: moved by the policies that keep one, else as it was."""
     moved = [(i, m.pointer_after(v, sm)) for i, m in enumerate(MODULES.values()) if hasattr(m, "pointer_after")]
     return jnp.select([policy == i for i, _ in moved], [p for _, p in moved], v.pointer)
+
+
+def _by_policy(policy: Int[Array, ""], hook: str, otherwise: Array, *args: object) -> Array:
+    """The learning hook `hook` of the configuration's `policy`, `otherwise` where its policy
+    does not learn."""
+    out = otherwise
+    for number, module in _LEARNING:
+        out = jnp.where(policy == number, getattr(module, hook)(*args), out)
+    return out
+
+
+def init(launch: Launch, est: Int[Array, "launch sm"]) -> Int[Array, "launch sm"]:
+    """The estimates before the run (`init` of the configuration's policy)."""
+    return _by_policy(launch.policy.dispatch_policy, "init", est, launch, est)
+
+
+def observe(state: State, was_occupied: Bool[Array, "cta sm"], launch: Launch) -> Int[Array, "launch sm"]:
+    """The estimates after a tick's cycles (`observe` of the configuration's policy)."""
+    return _by_policy(launch.policy.dispatch_policy, "observe", state.dispatch.est, state, was_occupied, launch)
+
+
+def estimates(state: State, launch: Launch, tick: Int[Array, ""]) -> Int[Array, "launch sm"]:
+    """What the placements of tick `tick` read (`estimates` of the configuration's policy)."""
+    return _by_policy(launch.policy.dispatch_policy, "estimates", state.dispatch.est, state, tick)
+
+
+def hold(slots: Slots, launch: Launch, launching_tick: Int[Array, "cta sm"], est: Int[Array, " sm"],
+         sm: Int[Array, ""], tick: Int[Array, ""], left: Int[Array, ""]) -> Bool[Array, ""]:
+    """Whether the configuration's policy keeps the CTA chosen for `sm` back this tick."""
+    return _by_policy(launch.policy.dispatch_policy, "hold", jnp.bool_(False), slots, launch, launching_tick, est, sm,
+                      tick, left)

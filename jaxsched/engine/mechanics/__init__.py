@@ -8,5 +8,6 @@ reason and what it buys).
 - `columns`: passes over only the SMs that need them (the marked SMs' columns);
 - `sizes`: the static sizes a kernel compiles for, rounded so that nearby kernels share them;
 - `devices`: the devices a batch is split over (one CPU device per core), and sharding;
-- `batching`: chunking and padding a batch.
+- `batching`: chunking and padding a batch;
+- `forms`: which forms of a scatter, gather and minimum the backend runs faster.
 """

@@ -12,6 +12,7 @@ were asked for (`run._trimmed`). Names are dropped too: they are static fields o
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 from ...arch import Arch
@@ -57,8 +58,15 @@ def compiled_input(item: Kernel | WorkloadInput, shapes: Shapes) -> Kernel | Wor
 
     if isinstance(item, WorkloadInput):
         return dataclasses.replace(item, kernels=tuple(fit(k) for k in item.kernels))
-    return fit(item).replace(name="")
+    return _unnamed(fit(item))
 
 
 def unnamed(arch: Arch) -> Arch:
-    return arch.replace(name="")
+    return _unnamed(arch)
+
+
+def _unnamed(module: Arch | Kernel) -> Arch | Kernel:
+    """`module` without its name, not checked again: its numbers, checked already, are the same."""
+    out = copy.copy(module)
+    object.__setattr__(out, "name", "")
+    return out

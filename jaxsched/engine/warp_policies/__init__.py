@@ -5,7 +5,7 @@
 A policy module gives `key(q, last, n_q, age) -> Int[Array, "warp sm"]`: per warp slot, the key
 its scheduler minimises over the eligible warps (`q`: the slot's position among its scheduler's
 `n_q`, `last`: the position that issued last there, `age`: `32 * CTA + warp`), unique per
-scheduler. `cycle.select` computes the configuration's key (or, for a batch of one, only it).
+scheduler. `warp_scheduler.select` computes the configuration's key (or, for a batch of one, only it).
 """
 
 from __future__ import annotations
