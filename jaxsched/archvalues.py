@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from . import once
 from .errors import INT32_MAX, check, check_bools, check_floats, check_ints
 from .isa import N_OPS, OP_NAMES
 
@@ -131,7 +132,15 @@ def pad_carveouts(sizes_kib: object) -> np.ndarray:
 
 
 def validate(arch: Arch | ArchValues) -> None:
-    """Check an architecture's internal consistency; raise `JaxschedError` naming the field."""
+    """Check an architecture's internal consistency; raise `JaxschedError` naming the field. An
+    arch that passed, unchanged since, is not checked again (`jaxsched.once`)."""
+    if once.passed(arch, "arch"):
+        return
+    _validate(arch)
+    once.remember(arch, "arch")
+
+
+def _validate(arch: Arch | ArchValues) -> None:
     for key in _INT_FIELDS:
         if key in _INT_FIELDS_ZERO_OK:
             check_ints(getattr(arch, key), key, 0, 1_000_000, "must be in [0, 1e6] (0: off)")

@@ -60,7 +60,7 @@ import equinox as eqx
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from . import depslots, tomldoc
+from . import depslots, once, tomldoc
 from .errors import (INT32_MAX, INT32_MIN, JaxschedError, check, check_bools, check_floats, check_ints, check_rows,
                      check_values, is_traced)
 from .isa import N_OPS, OP_NAMES, Op
@@ -154,7 +154,15 @@ def validate_kernel(kernel: Kernel, where: str = "kernel") -> None:
     """Check every field of a kernel (or of a stack of them, naming the configuration): integers
     in range and representable in the engine's int32, finite probabilities and costs, a legal
     program structure (docs/model.md section 6). Traced fields are left to the engine's guards.
-    Raises `JaxschedError` naming the field."""
+    Raises `JaxschedError` naming the field. A kernel that passed, unchanged since, is not
+    checked again (`jaxsched.once`)."""
+    if once.passed(kernel, "kernel"):
+        return
+    _validate_kernel(kernel, where)
+    once.remember(kernel, "kernel")
+
+
+def _validate_kernel(kernel: Kernel, where: str) -> None:
     f = lambda name: f"{where}.{name}"  # noqa: E731
     for name, low in (("grid_ctas", 1), ("threads_per_cta", 1), ("regs_per_thread", 0),
                       ("dynamic_smem_bytes", 0), ("static_smem_bytes", 0)):

@@ -9,27 +9,24 @@ Every field is concrete and resolved: policies are indices into `WARP_POLICIES` 
 in MHz), DVFS is a `Dvfs` (off by default), so that any two `Params` of one shape stack.
 
 A `Params` is checked when it is made; where it enters the engine it is checked again
-(`checked`) unless it is the very object checked then, with the same bytes in its arrays: a
-sweep's configurations are checked once, while one built around the checks (`eqx.tree_at`) or
-changed in place is caught.
+(`checked`) unless it is the very object checked then, with the same bytes in its arrays
+(`jaxsched.once`): a sweep's configurations are checked once, while one built around the checks
+(`eqx.tree_at`) or changed in place is caught.
 """
 
 from __future__ import annotations
 
-import hashlib
-import weakref
-
 import equinox as eqx
-import jax
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float, Int
 
 from . import clocks as clocks_mod
+from . import once
 from .arch import Arch
 from .archvalues import validate as validate_arch
 from .clocks import Clocks
 from .dvfs import Dvfs, off, validate_dvfs
-from .errors import check, is_traced
+from .errors import check
 from .kernel import Kernel
 from .lower import policy_index, validate_dispatch
 from .policies import (DEFAULT_DISPATCH, DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS,
@@ -68,41 +65,14 @@ class Params(eqx.Module):
         validate_dispatch(self.arch, self.dispatch_weight, float(self.ema_alpha), float(self.ema_prior_ns),
                           float(self.hold_margin))
         dvfs_input(self.arch, self.dvfs)
-        _remember(self)
-
-
-# The Params checked so far, by identity, with a digest of their arrays' bytes: where a
-# configuration enters the engine, one of them whose arrays are unchanged is not checked again,
-# while one built around the checks (`eqx.tree_at`, `jax.tree.map`: a new object) or changed in
-# place (a new digest) is.
-_CHECKED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-_DIGESTS: dict[int, bytes] = {}
-
-
-def _digest(params: Params) -> bytes | None:
-    """A digest of every array's bytes (None where one is traced: such a `Params` is always
-    checked)."""
-    h = hashlib.blake2b(digest_size=16)
-    for leaf in jax.tree.leaves(params):
-        if is_traced(leaf):
-            return None
-        h.update(np.asarray(leaf).tobytes())
-    return h.digest()
-
-
-def _remember(params: Params) -> None:
-    digest = _digest(params)
-    if digest is not None:
-        _CHECKED[id(params)] = params
-        _DIGESTS[id(params)] = digest
-        weakref.finalize(params, _DIGESTS.pop, id(params), None)
+        once.remember(self, "params")
 
 
 def checked(params: Params) -> Params:
     """`params`, checked again (`Params.__check_init__`) unless it is a `Params` checked when it
     was made and unchanged since."""
     check(isinstance(params, Params), "params", type(params).__name__, "a jaxsched.Params")
-    if not (_CHECKED.get(id(params)) is params and _DIGESTS.get(id(params)) == _digest(params)):
+    if not once.passed(params, "params"):
         params.__check_init__()
     return params
 
