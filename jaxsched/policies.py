@@ -1,5 +1,6 @@
 """The warp-scheduling and CTA-dispatch policies by name, in the order the engines number them
-(docs/model.md sections 7 and 9), and the defaults of the policy parameters. Apart from `lower`,
+(docs/model.md sections 7 and 9), the defaults of the policy parameters and of the run options
+(the clock trace's rows, fast-forward). Apart from `lower`,
 so that the command line lists them without importing JAX. Every front end (`js.simulate`, the
 reference, sweep specs, the command line, the fits) takes its defaults from here.
 
@@ -50,6 +51,10 @@ DEFAULT_EMA_ALPHA = 0.25  # closed loop: weight of the newest CTA duration in th
 DEFAULT_EMA_PRIOR_NS = 0.0  # closed loop: the estimate before an SM's first CTA ends
 # closed loop: a CTA is held for a slot expected to finish it earlier by this share of its estimate
 DEFAULT_HOLD_MARGIN = 0.125
+# Run options of `js.simulate`, `js.simulate_batch` and the reference: no DVFS clock trace kept,
+# and fast-forward on (it never changes a result).
+DEFAULT_TRACE_LEN = 0
+DEFAULT_FAST_FORWARD = True
 # A sweep's dispatch value that runs the policy of a file `jaxsched fit dispatch` wrote
 # (`jaxsched.fitted_policy`), rather than a policy of the engines.
 FITTED_DISPATCH = "fitted"

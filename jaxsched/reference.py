@@ -56,8 +56,8 @@ from .isa import Op
 from .kernel import FIXED, MAX_DEP_SLOTS, MEMORY, MIO
 from .occupancy import REG_SHARE_ONE
 from .policies import (DEFAULT_DISPATCH, DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS,
-                       DEFAULT_HOLD_MARGIN, DEFAULT_WARP_POLICY, DISPATCH_MODULES, DISPATCH_POLICIES, WARP_MODULES,
-                       WARP_POLICIES)
+                       DEFAULT_HOLD_MARGIN, DEFAULT_TRACE_LEN, DEFAULT_WARP_POLICY, DISPATCH_MODULES,
+                       DISPATCH_POLICIES, WARP_MODULES, WARP_POLICIES)
 
 MASK32 = 0xFFFFFFFF
 GOLDEN32 = 0x9E3779B9
@@ -1252,7 +1252,7 @@ def simulate(
     max_ticks: int = 10**7,
     dispatch_trace: bool = False,
     dvfs=None,
-    trace_len: int = 0,
+    trace_len: int = DEFAULT_TRACE_LEN,
     clock_trace: bool = False,
 ) -> dict:
     """Validate, lower and run one configuration with the reference.

@@ -27,8 +27,8 @@ from ..errors import JaxschedError, check, check_ints, is_traced
 from ..kernel import MAX_DEP_SLOTS, Kernel
 from ..lower import Shapes, policy_indices, shapes_for, validate_launch
 from ..params import Params, checked, make_params
-from ..policies import (DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN, DISPATCH_POLICIES,
-                        WARP_POLICIES)
+from ..policies import (DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_FAST_FORWARD, DEFAULT_HOLD_MARGIN,
+                        DEFAULT_TRACE_LEN, DISPATCH_POLICIES, WARP_POLICIES)
 from ..stacking import stack
 from ..workload import Workload
 from .configure import engine_params, lower_config
@@ -149,9 +149,9 @@ def simulate(
     kernel: Kernel | Workload | None = None,
     clocks: Clocks | None = None,
     *,
-    trace_len: int = 0,
+    trace_len: int = DEFAULT_TRACE_LEN,
     max_ticks: int = MAX_TICKS,
-    fast_forward: bool = True,
+    fast_forward: bool = DEFAULT_FAST_FORWARD,
     **config: object,
 ) -> Result:
     """Simulate one kernel launch, or a workload of several (`jaxsched.workload`: streams,
@@ -229,7 +229,7 @@ def simulate_batch(
     ema_prior_ns: ArrayLike = DEFAULT_EMA_PRIOR_NS,
     hold_margin: ArrayLike = DEFAULT_HOLD_MARGIN,
     dvfs: Sequence[Dvfs | None] | None = None,
-    trace_len: int = 0,
+    trace_len: int = DEFAULT_TRACE_LEN,
     max_ticks: int = MAX_TICKS,
     dvfs_step: bool | None = None,
     closed_loop_step: bool | None = None,
@@ -240,7 +240,7 @@ def simulate_batch(
     dep_slots: int | None = None,
     chunk: int | None = None,
     devices: Sequence | None = None,
-    fast_forward: bool = True,
+    fast_forward: bool = DEFAULT_FAST_FORWARD,
 ) -> Result:
     """Simulate N configurations in one vmapped call (one compilation for equal static shapes):
     `simulate_batch(js.stack(params))`, or a list of `Params` (workloads of one batch may differ

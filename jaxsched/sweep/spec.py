@@ -22,7 +22,7 @@ from ..errors import JaxschedError, check
 from ..kernel import Kernel, kernel_from_dict, load_kernel, pad_program
 from ..lower import cta_slots_for, shapes_for, validate
 from ..occupancy import check_launch, occupancy
-from ..policies import ESTIMATE_DISPATCH, FITTED_DISPATCH
+from ..policies import DEFAULT_FAST_FORWARD, ESTIMATE_DISPATCH, FITTED_DISPATCH
 from ..sweep_design import Design
 from ..sweep_paths import Point
 from .configs import REPLICATE_STRIDE, dvfs_params, launched
@@ -175,7 +175,7 @@ def _engine_options(table: object, source: str) -> bool:
     check(isinstance(table, dict), f"{source}: engine", table, "a table")
     for key in table:
         check(key in _ENGINE_KEYS, f"{source}: engine.{key}", table[key], f"unknown key; expected one of {_ENGINE_KEYS}")
-    value = table.get("fast_forward", True)
+    value = table.get("fast_forward", DEFAULT_FAST_FORWARD)
     check(isinstance(value, bool), f"{source}: engine.fast_forward", value, "true or false")
     return value
 
