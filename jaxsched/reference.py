@@ -604,8 +604,8 @@ class Plan:
 
 class KernelRun:
     """One launch of a workload: its program and variation parameters (its own `Launch`) and
-    section 13's per-launch state (next CTA, completions, ready / start / end ticks, the closed
-    loop's estimates `est_{l,s}`)."""
+    section 13's per-launch state (next CTA, completions, ready / start / end ticks, a learning
+    dispatch policy's estimates `est_{l,s}`)."""
 
     def __init__(self, index: int, launch, plan: Plan, n_sm: int) -> None:
         i = lambda v: int(np.asarray(v))  # noqa: E731
@@ -639,8 +639,8 @@ class KernelRun:
         self.ready: int | None = None  # unknown until every dependency has completed
         self.start = -1  # tick of the first CTA's dispatch
         self.end = -1  # tick of the last CTA's completion
-        # closed loop: per SM, the estimated duration of one of this launch's CTAs there (ticks)
-        self.est = [i(launch.policy.ema_prior_ticks)] * n_sm
+        # a learning policy's state (the closed loop's per-SM CTA durations, ticks): its `init`
+        self.est = [0] * n_sm
 
     @property
     def complete(self) -> bool:
@@ -715,6 +715,9 @@ class _Sim:
             self.dispatch_policy.check(self)
         # section 13: the launches, their CTAs numbered globally g = base_l + c
         self.kernels = [KernelRun(l, launch, plan, shapes.n_sm) for l, launch in enumerate(launches)]
+        if hasattr(self.dispatch_policy, "init"):
+            for kernel, launch in zip(self.kernels, launches):
+                kernel.est = self.dispatch_policy.init(launch, shapes.n_sm)
         self.gap_ticks = plan.gap_ticks
         self.check_plan(plan)
         for kernel in self.kernels:

@@ -13,7 +13,8 @@ and, where the policy has them:
 - `hold(sim, kernel, sm) -> bool`: keep the CTA back this tick although `sm` has room;
 - `placed(sim, sm)`: what the policy remembers of a placement;
 - `check(sim)`: a run this policy cannot make, as a `ValueError`;
-- `READS_ESTIMATES = True`, with `observe(sim, sm, kernel, g, t0, k)` (CTA `g` of `kernel`
+- `READS_ESTIMATES = True`, with `init(launch, n_sm) -> list` (a launch's estimates before its
+  first CTA completes), `observe(sim, sm, kernel, g, t0, k)` (CTA `g` of `kernel`
   completed on `sm` at tick `k`, started at `t0`: learn from it, in the launch's `est`) and
   `estimates(sim, kernel, k) -> list` (what its key and hold read at the dispatch of tick `k`,
   as `sim.censored`): a policy that learns from the run; its engine twin has the same hooks

@@ -8,6 +8,11 @@ NUMBER = 4
 READS_ESTIMATES = True  # it learns estimates (`observe`) and reads them (`estimates`); so does its engine twin
 
 
+def init(launch, n_sm: int) -> list[int]:
+    """The estimate before an SM's first CTA of the launch completes: the prior, on every SM."""
+    return [int(launch.policy.ema_prior_ticks)] * n_sm
+
+
 def observe(sim, sm, kernel, g: int, t0: int, k: int) -> None:
     """Section 9 (per launch, section 13): CTA `g` of `kernel`, started at tick `t0`, completed
     on `sm` at tick `k`: `est_{l,s} += floor(a * (k - t0 - est_{l,s}) / 256)` (Python floor
