@@ -83,8 +83,7 @@ def dispatch_inputs(arch: Arch, clocks: Clocks, weight: ArrayLike | None, alpha:
     SM clocks in MHz)."""
     weight = None if weight is None else clocks_mod.per_slot(arch, weight, "dispatch_weight", fill=0)
     validate_dispatch(arch, weight, alpha, prior_ns, hold_margin)
-    with np.errstate(invalid="ignore"):  # a clock that is no number fails `Params`'s check before the weights'
-        w = np.asarray(clocks.sm_freq_mhz if weight is None else weight, dtype=np.int32)
+    w = np.asarray(clocks.sm_freq_mhz if weight is None else weight, dtype=np.int32)
     return w, np.float32(alpha), np.float32(prior_ns), np.float32(hold_margin)
 
 
@@ -111,13 +110,12 @@ def make_params(
     dvfs: Dvfs | None = None,
 ) -> Params:
     """One configuration, validated, with every default resolved (`clocks`: the arch's base clock
-    on every SM; policies by name or index; see `js.simulate` for each parameter). `Params`
-    checks every field, the clocks before the weights that default to them; the arch is checked
-    here first, since the defaults read it."""
+    on every SM; policies by name or index; see `js.simulate` for each parameter)."""
     check(isinstance(arch, Arch), "arch", type(arch).__name__, "a jaxsched.Arch")
     validate_arch(arch)  # before anything reads it
     clocks = clocks_mod.uniform(arch) if clocks is None else clocks
     check(isinstance(clocks, Clocks), "clocks", type(clocks).__name__, "a jaxsched.Clocks or None")
+    clocks_mod.validate_clocks(arch, clocks)  # before the weights default to it
     check(isinstance(dispatch_start, (int, np.integer)) and 0 <= dispatch_start < 2**31,
           "dispatch_start", dispatch_start, "an integer in 0 .. 2^31 - 1")
     weight, alpha, prior, margin = dispatch_inputs(arch, clocks, dispatch_weight, ema_alpha, ema_prior_ns, hold_margin)
