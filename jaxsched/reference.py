@@ -641,6 +641,7 @@ class KernelRun:
         self.end = -1  # tick of the last CTA's completion
         # a learning policy's state (the closed loop's per-SM CTA durations, ticks): its `init`
         self.est = [0] * n_sm
+        self.est_seen: set[int] = set()  # the SMs where one of its CTAs completed (the closed loop's first)
 
     @property
     def complete(self) -> bool:

@@ -73,15 +73,6 @@ def test_weighted_dispatch_favours_fast_sms_in_a_partial_wave():
     assert float(wt.makespan_ns) < float(hw.makespan_ns)
 
 
-def test_closed_loop_never_reads_clocks_prior_alone_is_hardware_like():
-    # With ema_alpha = 0 and a huge prior nothing is learned and nothing is held: the
-    # placement equals "most room" with rank ties.
-    kernel, clk = _kernel(2), _half_speed_sms()
-    hw = js.simulate(H200, kernel, clk, dispatch="hardware")
-    cl = js.simulate(H200, kernel, clk, dispatch="closed_loop", ema_alpha=0.0, ema_prior_ns=1e6)
-    np.testing.assert_array_equal(np.asarray(hw.cta_sm), np.asarray(cl.cta_sm))
-
-
 def test_bad_dispatch_parameters():
     kernel = _kernel(1)
     with pytest.raises(js.JaxschedError, match="ema_alpha"):

@@ -454,32 +454,40 @@ def test_weighted_default_weights_are_clocks_and_capacity_caps():
     assert r["cta_start_tick"].tolist() == [0] * 12
 
 
-def test_equal_weights_and_zero_alpha_reduce_to_hardware():
+def test_equal_weights_reduce_to_hardware():
     """Equal weights: the score w * 65536 // (resident + 1) falls strictly with residency, so
-    'highest score' = 'most room'; closed loop with a = 0 keeps every estimate at the prior, so
-    it too ties down to 'most free slots, then rank'. Both equal hardware exactly, whatever the
-    clocks."""
+    'highest score' = 'most room', ties by rank: hardware exactly, whatever the clocks."""
+    arch, clk, kernel = _four_unequal_sms()
+    hw = reference.simulate(arch, kernel, clk, dispatch_start=1)
+    weighted = reference.simulate(arch, kernel, clk, dispatch="weighted", dispatch_start=1,
+                                  dispatch_weight=weights(arch, 7, 7, 7, 7))
+    for key in hw:
+        assert np.array_equal(np.asarray(hw[key]), np.asarray(weighted[key])), key
+
+
+def test_zero_alpha_keeps_each_sms_first_duration():
+    """Closed loop with a = 0: an SM's first completion sets its estimate, and no later one moves
+    it; the prior (round(123 * 1.98) = 244 ticks) is read only before it."""
+    arch, clk, kernel = _four_unequal_sms()
+    r = reference.simulate(arch, kernel, clk, dispatch="closed_loop", dispatch_start=1,
+                           ema_alpha=0.0, ema_prior_ns=123.0, dispatch_trace=True)
+    log = r["dispatch_est_log"]
+    assert len(log) == 30
+    first = {}
+    for _, sm, _, duration, est in log:
+        first.setdefault(sm, duration)
+        assert est == first[sm]
+    assert len(set(first.values())) == 4 and 244 not in first.values()
+    assert r["dispatch_est"][:4].tolist() == [first[s] for s in range(4)]
+
+
+def _four_unequal_sms():
     arch = arch_with_sms(4)
     freq = np.zeros(arch.n_sm_slots)
     freq[:4] = (1980, 1100, 1500, 700)
-    clk = clocks.from_array(arch, freq)
     kernel = make_kernel("loop 5 cta_spread=3 warp_spread=2\n  fma dep\n  ldg\nend", grid=30,
                          threads=96, smem_bytes=36 * 1024, seed=3)
-    hw = reference.simulate(arch, kernel, clk, dispatch_start=1)
-    same = [
-        reference.simulate(arch, kernel, clk, dispatch="weighted", dispatch_start=1,
-                           dispatch_weight=weights(arch, 7, 7, 7, 7)),
-        reference.simulate(arch, kernel, clk, dispatch="closed_loop", dispatch_start=1,
-                           ema_alpha=0.0, ema_prior_ns=123.0, dispatch_trace=True),
-    ]
-    for r in same:
-        for key in hw:
-            assert np.array_equal(np.asarray(hw[key]), np.asarray(r[key])), key
-    # a = 0: the estimates never leave the prior, round(123 * 1.98) = 244 ticks
-    est = same[1]["dispatch_est"]
-    assert est[:4].tolist() == [244] * 4
-    assert len(same[1]["dispatch_est_log"]) == 30
-    assert {e for (_, _, _, _, e) in same[1]["dispatch_est_log"]} == {244}
+    return arch, clocks.from_array(arch, freq), kernel
 
 
 def test_least_loaded_sees_partly_done_ctas():
@@ -529,43 +537,30 @@ def test_closed_loop_estimates_after_known_completions():
     shared memory), single-warp CTAs of 10 dependent FMAs (FMA i at the CTA's first cycle
     + 4 (i - 1), EXIT 37 cycles after its first cycle).
     Durations d = end - start: fast SM 38 (start t0, first cycle t0 + 1, EXIT t0 + 38);
-    slow SM from an even start 2a: first cycle at 2a + 1, EXIT at 2a + 1 + 2 * 37 -> d = 75;
-    from an odd start 2a + 1 (the SM cycled at that tick): first cycle 2a + 3 -> d = 76.
-    Placement (equal estimates at tick 0 -> rank order): c0 -> SM 0, c1 -> SM 1; tick 38:
-    c0 ends, c2 -> SM 0 (ends 76); tick 75: c1 ends, c3 -> SM 1 (odd start, ends 151).
-    Prior round(50 ns * 1.98) = 99 ticks, a = round(0.25 * 256) = 64, est += (64 (d - est)) // 256:
-      SM 0: 99 + (-3904 // 256 = -16) = 83;  83 + (-2880 // 256 = -12) = 71
-      SM 1: 99 + (-1536 // 256 = -6) = 93;   93 + (-1088 // 256 = -5) = 88
-    (floor division: truncation would give 84, 73 and 89)."""
+    slow SM from an even start 2a: first cycle at 2a + 1, EXIT at 2a + 1 + 2 * 37 -> d = 75.
+    Placement (equal estimates, the prior round(50 ns * 1.98) = 99 ticks, at tick 0 -> rank
+    order): c0 -> SM 0, c1 -> SM 1; tick 38: c0 ends, SM 0's estimate is its first duration,
+    38, and c2 -> SM 0 (ends 76). Tick 75: c1 ends, SM 1's estimate 75; the tail CTA c3 is
+    held for the fast SM (c2 there is expected to end at max(75, 38 + 38) = 76, and
+    76 + 38 + floor(75 * 32 / 256) = 123 < 75 + 75): c3 runs on SM 0 from tick 76, when c2 ends
+    (no launch latency here), and the slow SM learns nothing more.
+    Every later duration on SM 0 equals its first, so a = 0.25, 1 and 0 (the first duration,
+    forever) run alike."""
     arch, clk = two_sms(990)
     kernel = make_kernel("\n".join(["fma dep"] * 10), grid=4, threads=32, smem_bytes=200 * 1024)
     launch = lowered(arch, kernel, dispatch=4, clk=clk, ema_alpha=0.25, ema_prior_ns=50.0)
     assert int(launch.program.ctas_per_sm) == 1
     assert (int(launch.policy.ema_alpha_256), int(launch.policy.ema_prior_ticks)) == (64, 99)
-    r = reference.simulate(arch, kernel, clk, dispatch="closed_loop", ema_alpha=0.25,
-                           ema_prior_ns=50.0, dispatch_trace=True)
-    assert r["cta_sm"].tolist() == [0, 1, 0, 1]
-    assert r["cta_start_tick"].tolist() == [0, 0, 38, 75]
-    assert r["cta_end_tick"].tolist() == [38, 75, 76, 151]
-    # (tick, sm, cta, duration, estimate after)
-    assert r["dispatch_est_log"] == [(38, 0, 0, 38, 83), (75, 1, 1, 75, 93), (76, 0, 2, 38, 71),
-                                     (151, 1, 3, 76, 88)]
-    assert r["dispatch_est"][:3].tolist() == [71, 88, 99]  # the floorswept slot keeps the prior
-    # a = 1 (256): the estimate is the last duration; a = 0: the prior, forever
-    r1 = reference.simulate(arch, kernel, clk, dispatch="closed_loop", ema_alpha=1.0,
-                            ema_prior_ns=50.0, dispatch_trace=True)
-    # With a = 1 the slow SM's estimate is 75 after c1, so at tick 75 the tail CTA c3 is held
-    # for the fast SM (c2 there is expected to end at max(75, 38 + 38) = 76, and 76 + 38 + 75 // 8
-    # < 75 + 75): c3 runs on SM 0 from tick 76 and the slow SM learns nothing more.
-    assert r1["dispatch_est"][:2].tolist() == [38, 75]
-    assert r1["cta_sm"].tolist() == [0, 1, 0, 0]
-    r0 = reference.simulate(arch, kernel, clk, dispatch="closed_loop", ema_alpha=0.0,
-                            ema_prior_ns=50.0, dispatch_trace=True)
-    assert r0["dispatch_est"][:2].tolist() == [99, 99]
-    assert [e for (*_, e) in r0["dispatch_est_log"]] == [99] * 4
-    # the policy is a dispatcher choice only: the same CTAs run the same way here
-    for key in ("cta_sm", "cta_start_tick", "cta_end_tick", "sm_issued"):
-        assert np.array_equal(r[key], r0[key])
+    runs = [reference.simulate(arch, kernel, clk, dispatch="closed_loop", ema_alpha=a, ema_prior_ns=50.0,
+                               dispatch_trace=True) for a in (0.25, 1.0, 0.0)]
+    for r in runs:
+        assert r["cta_sm"].tolist() == [0, 1, 0, 0]
+        assert r["cta_start_tick"].tolist() == [0, 0, 38, 76]
+        assert r["cta_end_tick"].tolist() == [38, 75, 76, 114]
+        # (tick, sm, cta, duration, estimate after)
+        assert r["dispatch_est_log"] == [(38, 0, 0, 38, 38), (75, 1, 1, 75, 75), (76, 0, 2, 38, 38),
+                                         (114, 0, 3, 38, 38)]
+        assert r["dispatch_est"][:3].tolist() == [38, 75, 99]  # the floorswept slot keeps the prior
 
 
 def test_closed_loop_sends_the_tail_to_the_fast_sm():
@@ -576,9 +571,10 @@ def test_closed_loop_sends_the_tail_to_the_fast_sm():
     t = 4, 3, 3, 2, 2.
     Tick 0: equal estimates (prior 0) and room -> c0 to rank 0 = SM 1 (ends 29), c1 to SM 0
     (ends 11); then SM 0 alone frees: c2 at 11 (ends 22), c3 at 22 (ends 29).
-    SM 0's estimate (a = 64): 704 // 256 = 2; 2 + 576 // 256 = 4; 4 + 192 // 256 = 4.
-    Tick 29: SM 0 (c3, in SM order first) and SM 1 (c0, d = 29: 1856 // 256 = 7) both free.
-    closed_loop: est 4 < 7 -> c4 to SM 0, ends 29 + 7 = 36, makespan 37.
+    SM 0's estimate (a = 64): its first duration 11; 11 + 0 // 256 = 11; 11 + (-256) // 256 = 10.
+    Tick 29: SM 0 (c3, in SM order first) and SM 1 (c0, first duration 29) both free.
+    closed_loop: est 10 < 29 -> c4 to SM 0, ends 29 + 7 = 36, makespan 37 (SM 0's estimate
+    10 + (-192) // 256 = 9: floor division, truncation would keep 10).
     hardware: equal room -> rank 0 = SM 1, odd start: ends 29 + 2 + 12 = 43, makespan 44."""
     arch, clk = two_sms(990)
     kernel = make_kernel("loop 3 cta_spread=1\n  fma dep\nend\nfma", grid=5, threads=32,
@@ -592,8 +588,8 @@ def test_closed_loop_sends_the_tail_to_the_fast_sm():
     assert cl["cta_sm"].tolist() == [1, 0, 0, 0, 0]
     assert cl["cta_start_tick"].tolist() == [0, 0, 11, 22, 29]
     assert cl["cta_end_tick"].tolist() == [29, 11, 22, 29, 36]
-    assert cl["dispatch_est_log"] == [(11, 0, 1, 11, 2), (22, 0, 2, 11, 4), (29, 0, 3, 7, 4),
-                                      (29, 1, 0, 29, 7), (36, 0, 4, 7, 4)]
+    assert cl["dispatch_est_log"] == [(11, 0, 1, 11, 11), (22, 0, 2, 11, 11), (29, 0, 3, 7, 10),
+                                      (29, 1, 0, 29, 29), (36, 0, 4, 7, 9)]
     assert cl["makespan_ticks"] == 37
     assert hw["cta_sm"].tolist() == [1, 0, 0, 0, 1]
     assert hw["cta_end_tick"].tolist() == [29, 11, 22, 29, 43]
@@ -604,18 +600,19 @@ def test_closed_loop_same_tick_completions_update_in_slot_order():
     """One SM, two CTA slots, program: t dependent FMAs in a loop, two independent FMAs, EXIT:
     the EXIT issues 4 t ticks after the start. Seed 4: t = 5, 2, 3. c0 (slot 0) runs 0..20,
     c1 (slot 1) 0..8, c2 (slot 1 again) 8..20: c0 and c2 complete in the same cycle.
-    a = round(0.5 * 256) = 128, prior 0: c1: 1024 // 256 = 4; tick 20 in slot order: c0 (d = 20)
-    4 + 2048 // 256 = 12, then c2 (d = 12) 12 + 0 = 12. (The other order would give 8, 14.)
+    a = round(0.75 * 256) = 192: c1, the SM's first completion: 8; tick 20 in slot order: c0
+    (d = 20) 8 + 2304 // 256 = 17, then c2 (d = 12) 17 + (-960) // 256 = 13 (floor division:
+    truncation would give 14). The other order would give 11, then 17.
     No CTA launch latency: c2 starts in c1's completion tick."""
     arch = pinned(arch_with_sms(1), **NO_LAUNCH_LATENCY)
     kernel = make_kernel("loop 3 cta_spread=2\n  fma dep\nend\nfma\nfma", grid=3, threads=32,
                          smem_bytes=100 * 1024, seed=4)
     assert [reference.warp_trips(4, 3, 2, 0, c, 0) for c in range(3)] == [5, 2, 3]
-    r = reference.simulate(arch, kernel, dispatch="closed_loop", ema_alpha=0.5, dispatch_trace=True)
+    r = reference.simulate(arch, kernel, dispatch="closed_loop", ema_alpha=0.75, dispatch_trace=True)
     assert r["cta_start_tick"].tolist() == [0, 0, 8]
     assert r["cta_end_tick"].tolist() == [20, 8, 20]
-    assert r["dispatch_est_log"] == [(8, 0, 1, 8, 4), (20, 0, 0, 20, 12), (20, 0, 2, 12, 12)]
-    assert r["dispatch_est"][0] == 12
+    assert r["dispatch_est_log"] == [(8, 0, 1, 8, 8), (20, 0, 0, 20, 17), (20, 0, 2, 12, 13)]
+    assert r["dispatch_est"][0] == 13
 
 
 @pytest.mark.parametrize("dispatch", lower.DISPATCH_POLICIES)

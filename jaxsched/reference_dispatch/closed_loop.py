@@ -1,5 +1,5 @@
-"""Closed-loop dispatch (docs/model.md section 9): each SM's CTA duration learnt by an EMA of the
-CTAs it completed (`observe`), censored by its oldest running CTA (`estimates`); the SM with
+"""Closed-loop dispatch (docs/model.md section 9): each SM's CTA duration learnt from the CTAs it
+completed, the first one's duration then an EMA (`observe`), censored by its oldest running CTA (`estimates`); the SM with
 the smallest estimate, then the most usable free slots, then the lowest rank. In the tail it
 holds the CTA if the launch's CTAs left fit in clearly better slots: expected to finish it
 earlier by the hold margin (`hold_margin`, a share of its estimate, 1/8 by default)."""
@@ -9,16 +9,19 @@ READS_ESTIMATES = True  # it learns estimates (`observe`) and reads them (`estim
 
 
 def init(launch, n_sm: int) -> list[int]:
-    """The estimate before an SM's first CTA of the launch completes: the prior, on every SM."""
+    """The estimate before an SM's first CTA of the launch completes: the prior, on every SM
+    (`observe` knows an SM's first completion by its absence from `kernel.est_seen`)."""
     return [int(launch.policy.ema_prior_ticks)] * n_sm
 
 
 def observe(sim, sm, kernel, g: int, t0: int, k: int) -> None:
     """Section 9 (per launch, section 13): CTA `g` of `kernel`, started at tick `t0`, completed
-    on `sm` at tick `k`: `est_{l,s} += floor(a * (k - t0 - est_{l,s}) / 256)` (Python floor
-    division, negative values too)."""
+    on `sm` at tick `k`: the SM's first completion of the launch sets `est_{l,s} = k - t0`, each
+    later one `est_{l,s} += floor(a * (k - t0 - est_{l,s}) / 256)` (Python floor division,
+    negative values too)."""
     est = kernel.est[sm.index]
-    est += (sim.ema_alpha_256 * (k - t0 - est)) // 256
+    est = est + (sim.ema_alpha_256 * (k - t0 - est)) // 256 if sm.index in kernel.est_seen else k - t0
+    kernel.est_seen.add(sm.index)
     kernel.est[sm.index] = est
     sim.chip.est_log.append((k, sm.index, g, k - t0, est))
 

@@ -14,8 +14,9 @@ constant in the dispatch parameters. The surrogate keeps the engine's structure 
   counts usable slots, "resident" running CTAs).
 - **Policies.** `hardware` (most free slots, ties by rank), `least_loaded` (at slot level the
   same as `hardware`: a slot model does not see partly finished CTAs), `round_robin` (pointer
-  kept hard: it has no parameter), `weighted` (`weight / (resident + 1)`), `closed_loop` (EMA of
-  observed slot occupancies per SM in order of completion, censored by the oldest running CTA,
+  kept hard: it has no parameter), `weighted` (`weight / (resident + 1)`), `closed_loop` (per
+  SM, the first observed slot occupancy, then an EMA of the later ones in order of completion,
+  censored by the oldest running CTA,
   earliest expected finish, and the tail *hold*: when the CTAs left are no more than the
   occupied slots, and free slots still in their launch latency, expected to finish a CTA
   clearly earlier, the CTA waits for the first of them).
@@ -84,6 +85,7 @@ class _State(NamedTuple):
     counted: Float[Array, "sm slot"]  # the EMA has seen that CTA's completion (1 if no CTA)
     used: Float[Array, "sm slot"]  # the slot has had a CTA
     est_ns: Float[Array, " sm"]  # closed-loop estimate of a CTA's occupancy
+    seen: Float[Array, " sm"]  # closed loop: the SM's first completion has been observed (0/1)
     t_ns: Float[Array, ""]  # when the previous CTA was placed
     pointer: Int[Array, ""]  # round robin
 
@@ -176,11 +178,14 @@ def _scores(policy: str, launch: SurrogateLaunch, params: DispatchParams, room: 
     return -(t + est) / scale_ns + _TIE_ROOM * room - _TIE_RANK * rank  # closed_loop
 
 
-def _ema(state: _State, relax: _Relax, usable: Array, t: Array, alpha: Array) -> tuple[Array, Array]:
-    """Feed the EMA every completion up to `t`, per SM in order of completion (docs/model.md 9).
+def _ema(state: _State, relax: _Relax, usable: Array, t: Array, alpha: Array) -> tuple[Array, Array, Array]:
+    """Feed the estimates every completion up to `t`, per SM in order of completion
+    (docs/model.md 9): an SM's first sets its estimate, each later one moves it by the EMA.
 
     `m` updates `e += alpha (d_i - e)` in order equal `(1 - alpha)^m e + sum_i alpha (1 -
-    alpha)^(m - 1 - i) d_i`, with `i` a completion's position among the SM's new ones.
+    alpha)^(m - 1 - i) d_i`, with `i` a completion's position among the SM's new ones; on an SM
+    not seen before, `e` is its first new completion's `d_0` (the first update then gives `d_0`).
+    Returns the estimates, the slots counted and the SMs seen.
     """
     a = state.end_ns
     done = usable * state.used * (1.0 - state.counted) * relax.gate(t - a)  # exact 0/1
@@ -192,8 +197,12 @@ def _ema(state: _State, relax: _Relax, usable: Array, t: Array, alpha: Array) ->
     log_keep = jnp.log1p(-jnp.minimum(alpha, 1.0 - 1e-7))
     decay = jnp.exp(m * log_keep)
     weight = jnp.where(done > 0, alpha * jnp.exp(jnp.maximum(m[:, None] - 1.0 - position, 0.0) * log_keep), 0.0)
-    est = decay * state.est_ns + jnp.sum(weight * (a - state.start_ns), axis=1)
-    return est, state.counted + done
+    d = a - state.start_ns
+    some = jnp.minimum(m, 1.0)
+    first = jnp.sum(jnp.where(position == 0, done * d, 0.0), axis=1)
+    prior = state.est_ns + (1.0 - state.seen) * some * (first - state.est_ns)
+    est = decay * prior + jnp.sum(weight * d, axis=1)
+    return est, state.counted + done, state.seen + (1.0 - state.seen) * some
 
 
 def _step(state: _State, cta, *, launch: SurrogateLaunch, params: DispatchParams, relax: _Relax, policy: str,
@@ -209,9 +218,9 @@ def _step(state: _State, cta, *, launch: SurrogateLaunch, params: DispatchParams
     occupied = usable * state.used * (1.0 - relax.gate(t - state.end_ns))  # a CTA still running
     room = jnp.sum(free, axis=1)
 
-    est, counted = state.est_ns, state.counted
+    est, counted, seen = state.est_ns, state.counted, state.seen
     if policy == "closed_loop":
-        est, counted = _ema(state, relax, usable, t, params.ema_alpha)
+        est, counted, seen = _ema(state, relax, usable, t, params.ema_alpha)
         est = jnp.maximum(est, jnp.max(occupied * (t - state.start_ns), axis=1))  # censored
     score = _scores(policy, launch, params, room, jnp.sum(occupied, axis=1), state.pointer, est, t, scale_ns)
     p = relax.choose(score, jnp.minimum(room, 1.0), relax.tau_score)  # [sm]
@@ -236,8 +245,10 @@ def _step(state: _State, cta, *, launch: SurrogateLaunch, params: DispatchParams
     later = jnp.maximum(t, a)
     keep = 1.0 - u - v
     if policy == "closed_loop":  # a held CTA's slot reports its occupant's completion first
-        est = est + params.ema_alpha * jnp.sum(v * (1.0 - counted) * (state.end_ns - state.start_ns - est[:, None]),
-                                               axis=1)
+        reported = jnp.sum(v * (1.0 - counted), axis=1)
+        alpha = seen * params.ema_alpha + (1.0 - seen)  # an SM's first completion sets its estimate
+        est = est + alpha * jnp.sum(v * (1.0 - counted) * (state.end_ns - state.start_ns - est[:, None]), axis=1)
+        seen = seen + (1.0 - seen) * reported
     placed_at = (1.0 - hold) * t + hold * jnp.sum(r * later)
     n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled), 1)
     ends = u * (t + duration[:, None]) + v * (later + duration[:, None])
@@ -248,6 +259,7 @@ def _step(state: _State, cta, *, launch: SurrogateLaunch, params: DispatchParams
         counted=keep * counted,
         used=keep * state.used + u + v,
         est_ns=est if policy == "closed_loop" else state.est_ns,
+        seen=seen,
         t_ns=jnp.where(valid > 0, placed_at, state.t_ns),
         pointer=jnp.where(valid > 0, (launch.dispatch_rank[jnp.argmax(p)].astype(jnp.int32) + 1) % n_enabled,
                           state.pointer).astype(jnp.int32),
@@ -285,7 +297,7 @@ def schedule(
     n_sm = f.shape[-1]
     zeros = jnp.zeros((n_sm, max_slots), dtype)
     start = _State(end_ns=zeros, usable_ns=zeros, start_ns=zeros, counted=jnp.ones_like(zeros), used=zeros,
-                   est_ns=jnp.broadcast_to(params.ema_prior_ns, (n_sm,)).astype(dtype),
+                   est_ns=jnp.broadcast_to(params.ema_prior_ns, (n_sm,)).astype(dtype), seen=jnp.zeros((n_sm,), dtype),
                    t_ns=jnp.zeros((), dtype), pointer=jnp.zeros((), jnp.int32))
     params = jax.tree.map(lambda x: x.astype(dtype), params)
     left = (n_valid - jnp.arange(work.valid.shape[-1])).astype(dtype)

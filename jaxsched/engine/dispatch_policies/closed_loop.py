@@ -1,5 +1,5 @@
-"""Closed-loop dispatch (docs/model.md section 9): each SM's CTA duration learnt by an EMA of the
-CTAs it completed (`observe`), censored by its oldest running CTA (`estimates`); the SM with the
+"""Closed-loop dispatch (docs/model.md section 9): each SM's CTA duration learnt from the CTAs it
+completed, the first one's duration then an EMA (`observe`), censored by its oldest running CTA (`estimates`); the SM with the
 smallest estimate, then the most usable free slots, then the lowest rank [S1]. In the tail it
 holds the CTA back where the launch's CTAs left fit in clearly better slots (`hold`). Its
 learning and its hold are compiled in only where a configuration dispatches by it (its twin's
@@ -28,15 +28,21 @@ def score(v: View) -> Int[Array, " sm"]:
 
 
 def init(launch: Launch, est: Int[Array, "launch sm"]) -> Int[Array, "launch sm"]:
-    """The estimate before an SM's first CTA of a launch completes: the prior, on every SM."""
-    return jnp.full_like(est, launch.policy.ema_prior_ticks)
+    """The estimate before an SM's first CTA of a launch completes: the prior, on every SM, kept
+    as `-1 - prior` (negative: no completion seen yet; durations and the prior are >= 0)."""
+    return jnp.full_like(est, -1 - launch.policy.ema_prior_ticks)
+
+
+def _known(est: Int[Array, "..."]) -> Int[Array, "..."]:
+    """The estimate a placement reads: the prior where no completion was seen (`init`)."""
+    return jnp.where(est < 0, -1 - est, est)
 
 
 def observe(state: State, was_occupied: Bool[Array, "cta sm"], launch: Launch) -> Int[Array, "launch sm"]:
-    """The integer EMA of CTA durations after the tick's cycles (`state`; `was_occupied`: the
-    slots that held a CTA before them), one completion at a time in CTA-slot order; a completion
-    updates its own launch's estimate (section 13). Only completions are observed, never the
-    clocks."""
+    """The estimates after the tick's cycles (`state`; `was_occupied`: the slots that held a CTA
+    before them), one completion at a time in CTA-slot order: an SM's first completion sets its
+    estimate to that duration, each later one moves it by the integer EMA. A completion updates
+    its own launch's estimate (section 13). Only completions are observed, never the clocks."""
     est = state.dispatch.est
     complete = was_occupied & (state.cta_id < 0)
     a = launch.policy.ema_alpha_256.astype(jnp.int64)
@@ -45,7 +51,7 @@ def observe(state: State, was_occupied: Bool[Array, "cta sm"], launch: Launch) -
         d = (state.tick - state.cta_start[j]).astype(jnp.int64)
         l = 0 if n_launches == 1 else jnp.clip(state.cta_launch[j], 0, n_launches - 1)
         mine = est[0] if n_launches == 1 else est[l, sm]
-        mine = jnp.where(complete[j], mine + (a * (d - mine)) // 256, mine)
+        mine = jnp.where(complete[j], jnp.where(mine < 0, d, mine + (a * (d - mine)) // 256), mine)
         est = mine[None] if n_launches == 1 else est.at[l, sm].set(mine)
     return est
 
@@ -61,7 +67,7 @@ def estimates(state: State, tick: Int[Array, ""]) -> Int[Array, "launch sm"]:
     else:
         sm = jnp.broadcast_to(jnp.arange(n_sm)[None, :], running.shape)
         oldest = jnp.zeros((n_launches, n_sm), jnp.int32).at[state.cta_launch, sm].max(running)
-    return jnp.maximum(state.dispatch.est, oldest.astype(jnp.int64))
+    return jnp.maximum(_known(state.dispatch.est), oldest.astype(jnp.int64))
 
 
 def hold(slots: Slots, launch: Launch, launching_tick: Int[Array, "cta sm"], est: Int[Array, " sm"],
