@@ -8,6 +8,7 @@ that the exact engine runs, and what a sweep runs where `[policy] dispatch = "fi
     ema_alpha = 0.41             # its parameters (sweep paths policy.*; absent: jaxsched's defaults)
     ema_prior_ns = 0.0
     hold_margin = 0.05
+    hold_noise = 1.5
 
 Only per-configuration scalars are written, so that one file runs on any chip and kernel; a
 family whose parameters depend on the chip (fitted static weights) has no file.
@@ -20,12 +21,13 @@ from pathlib import Path
 
 from . import sweep_paths, tomldoc
 from .errors import check
-from .policies import (DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN, DISPATCH_POLICIES,
-                       FITTED_DISPATCH)
+from .policies import (DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE,
+                       DISPATCH_POLICIES, FITTED_DISPATCH)
 
 # The policy parameters a file may set, with the defaults it runs where it does not (not the
 # spec's values: a fitted policy runs the same in every sweep).
-DEFAULTS = {"ema_alpha": DEFAULT_EMA_ALPHA, "ema_prior_ns": DEFAULT_EMA_PRIOR_NS, "hold_margin": DEFAULT_HOLD_MARGIN}
+DEFAULTS = {"ema_alpha": DEFAULT_EMA_ALPHA, "ema_prior_ns": DEFAULT_EMA_PRIOR_NS, "hold_margin": DEFAULT_HOLD_MARGIN,
+            "hold_noise": DEFAULT_HOLD_NOISE}
 FIELDS = tuple(DEFAULTS)
 
 

@@ -25,7 +25,8 @@ from .errors import INT32_MAX, INT32_MIN, JaxschedError, check, check_floats, ch
 from .isa import Op
 from .kernel import WAIT_BITS, Kernel, data_rows, validate_kernel
 from .occupancy import REG_SHARE_ONE, check_launch, occupancy
-from .policies import DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN, DISPATCH_POLICIES, WARP_POLICIES
+from .policies import (DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE, DISPATCH_POLICIES,
+                       MAX_HOLD_NOISE, WARP_POLICIES)
 
 QUEUE_ONE_TICK = 1024  # memory-queue backlog is kept in 1/1024 of a tick
 BRANCH_HASH_ONE = 1 << 24  # branch lane draws compare 24-bit hashes against p * 2^24
@@ -90,6 +91,7 @@ class Policy(eqx.Module):
     ema_alpha_256: Int[Array, ""]  # closed-loop smoothing, 0..256
     ema_prior_ticks: Int[Array, ""]  # closed-loop initial estimate of a CTA's duration
     hold_margin_256: Int[Array, ""]  # closed-loop hold margin, a share of the estimate in 1/256, 0..256
+    hold_noise_256: Int[Array, ""]  # closed-loop hold margin per unit of the deviation, in 1/256, 0..2048
 
 
 class Program(eqx.Module):
@@ -243,7 +245,8 @@ def validate_launch(arch: Arch, kernel: Kernel) -> None:
               "(cudaErrorCooperativeLaunchTooLarge)")
 
 
-def validate_dispatch(arch: Arch, weights: object, ema_alpha: float, ema_prior_ns: float, hold_margin: float) -> None:
+def validate_dispatch(arch: Arch, weights: object, ema_alpha: float, ema_prior_ns: float, hold_margin: float,
+                      hold_noise: float) -> None:
     """Raise `JaxschedError` for bad dispatch parameters (concrete inputs only). `weights` has
     one integer per SM slot (`clocks.per_slot`: per enabled SM is expanded before this)."""
     if weights is not None:
@@ -257,6 +260,7 @@ def validate_dispatch(arch: Arch, weights: object, ema_alpha: float, ema_prior_n
     check_floats(ema_alpha, "ema_alpha", 0.0, 1.0, "a smoothing factor in [0, 1]")
     check_floats(ema_prior_ns, "ema_prior_ns", 0.0, 1e8, "in [0, 1e8] ns")
     check_floats(hold_margin, "hold_margin", 0.0, 1.0, "a share of the estimate in [0, 1]")
+    check_floats(hold_noise, "hold_noise", 0.0, MAX_HOLD_NOISE, f"deviations in [0, {MAX_HOLD_NOISE:g}]")
 
 
 def _round_i32(x: Array) -> Array:
@@ -281,6 +285,7 @@ def _lower(
     ema_alpha: Float[Array, ""] | float = DEFAULT_EMA_ALPHA,
     ema_prior_ns: Float[Array, ""] | float = DEFAULT_EMA_PRIOR_NS,
     hold_margin: Float[Array, ""] | float = DEFAULT_HOLD_MARGIN,
+    hold_noise: Float[Array, ""] | float = DEFAULT_HOLD_NOISE,
     dvfs: Dvfs | None = None,
 ) -> Launch:
     """Convert one configuration to engine units. Traceable; call `validate` first when concrete.
@@ -347,6 +352,7 @@ def _lower(
             ema_alpha_256=_round_i32(jnp.asarray(ema_alpha, jnp.float64) * 256.0),
             ema_prior_ticks=ns_to_ticks(ema_prior_ns, tick_mhz),
             hold_margin_256=_round_i32(jnp.asarray(hold_margin, jnp.float64) * 256.0),
+            hold_noise_256=_round_i32(jnp.asarray(hold_noise, jnp.float64) * 256.0),
         ),
         program=Program(
             n_ctas=i32(kernel.grid_ctas),

@@ -30,7 +30,7 @@ from .errors import check
 from .kernel import Kernel
 from .lower import policy_index, validate_dispatch
 from .policies import (DEFAULT_DISPATCH, DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS,
-                       DEFAULT_HOLD_MARGIN, DEFAULT_WARP_POLICY, DISPATCH_POLICIES, WARP_POLICIES)
+                       DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE, DEFAULT_WARP_POLICY, DISPATCH_POLICIES, WARP_POLICIES)
 from .workload import Workload
 
 
@@ -47,6 +47,7 @@ class Params(eqx.Module):
     ema_alpha: Float[Array, ""]  # closed loop: weight of the newest CTA duration
     ema_prior_ns: Float[Array, ""]  # closed loop: the estimate before an SM's first CTA ends
     hold_margin: Float[Array, ""]  # closed loop: the tail hold's margin, a share of the estimate
+    hold_noise: Float[Array, ""]  # closed loop: and a multiple of the SM's deviation
     dvfs: Dvfs
 
     def __check_init__(self) -> None:
@@ -63,7 +64,7 @@ class Params(eqx.Module):
         check(0 <= int(self.dispatch_start) < 2**31, "dispatch_start", int(self.dispatch_start),
               "an integer in 0 .. 2^31 - 1")
         validate_dispatch(self.arch, self.dispatch_weight, float(self.ema_alpha), float(self.ema_prior_ns),
-                          float(self.hold_margin))
+                          float(self.hold_margin), float(self.hold_noise))
         dvfs_input(self.arch, self.dvfs)
         once.remember(self, "params")
 
@@ -78,13 +79,14 @@ def checked(params: Params) -> Params:
 
 
 def dispatch_inputs(arch: Arch, clocks: Clocks, weight: ArrayLike | None, alpha: float, prior_ns: float,
-                    hold_margin: float) -> tuple[np.ndarray, np.float32, np.float32, np.float32]:
+                    hold_margin: float, hold_noise: float
+                    ) -> tuple[np.ndarray, np.float32, np.float32, np.float32, np.float32]:
     """Validated dispatch parameters as arrays (weights per enabled SM or per SM slot; None: the
     SM clocks in MHz)."""
     weight = None if weight is None else clocks_mod.per_slot(arch, weight, "dispatch_weight", fill=0)
-    validate_dispatch(arch, weight, alpha, prior_ns, hold_margin)
+    validate_dispatch(arch, weight, alpha, prior_ns, hold_margin, hold_noise)
     w = np.asarray(clocks.sm_freq_mhz if weight is None else weight, dtype=np.int32)
-    return w, np.float32(alpha), np.float32(prior_ns), np.float32(hold_margin)
+    return w, np.float32(alpha), np.float32(prior_ns), np.float32(hold_margin), np.float32(hold_noise)
 
 
 def dvfs_input(arch: Arch, dvfs: Dvfs | None) -> Dvfs:
@@ -107,6 +109,7 @@ def make_params(
     ema_alpha: float = DEFAULT_EMA_ALPHA,
     ema_prior_ns: float = DEFAULT_EMA_PRIOR_NS,
     hold_margin: float = DEFAULT_HOLD_MARGIN,
+    hold_noise: float = DEFAULT_HOLD_NOISE,
     dvfs: Dvfs | None = None,
 ) -> Params:
     """One configuration, validated, with every default resolved (`clocks`: the arch's base clock
@@ -118,10 +121,11 @@ def make_params(
     clocks_mod.validate_clocks(arch, clocks)  # before the weights default to it
     check(isinstance(dispatch_start, (int, np.integer)) and 0 <= dispatch_start < 2**31,
           "dispatch_start", dispatch_start, "an integer in 0 .. 2^31 - 1")
-    weight, alpha, prior, margin = dispatch_inputs(arch, clocks, dispatch_weight, ema_alpha, ema_prior_ns, hold_margin)
+    weight, alpha, prior, margin, noise = dispatch_inputs(arch, clocks, dispatch_weight, ema_alpha, ema_prior_ns,
+                                                          hold_margin, hold_noise)
     return Params(arch=arch, kernel=kernel, clocks=clocks,
                   warp_policy=np.int32(policy_index(warp_policy, WARP_POLICIES, "warp_policy")),
                   dispatch=np.int32(policy_index(dispatch, DISPATCH_POLICIES, "dispatch")),
                   dispatch_start=np.int32(dispatch_start), dispatch_weight=weight, ema_alpha=alpha,
-                  ema_prior_ns=prior, hold_margin=margin,
+                  ema_prior_ns=prior, hold_margin=margin, hold_noise=noise,
                   dvfs=off(arch) if dvfs is None else dvfs)  # checked by __check_init__

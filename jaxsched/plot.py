@@ -57,6 +57,7 @@ _DIM_NAMES = {
     "policy_warp": "warp policy", "policy_dispatch": "CTA dispatch", "policy_dispatch_start": "dispatch start",
     "policy_weights": "dispatch weights", "policy_ema_alpha": "closed-loop EMA α",
     "policy_ema_prior_ns": "closed-loop prior (ns)", "policy_hold_margin": "closed-loop hold margin",
+    "policy_hold_noise": "closed-loop hold noise weight",
     "clocks_model": "clock model", "clocks_mean_ghz": "mean SM clock (GHz)",
     "clocks_sigma": "per-SM clock spread σ", "clocks_sigma_die": "die-to-die clock spread σ",
     "clocks_corr_length_mm": "clock correlation length (mm)", "clocks_ir_drop": "IR drop",

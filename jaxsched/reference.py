@@ -56,8 +56,8 @@ from .isa import Op
 from .kernel import FIXED, MAX_DEP_SLOTS, MEMORY, MIO
 from .occupancy import REG_SHARE_ONE
 from .policies import (DEFAULT_DISPATCH, DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS,
-                       DEFAULT_HOLD_MARGIN, DEFAULT_TRACE_LEN, DEFAULT_WARP_POLICY, DISPATCH_MODULES,
-                       DISPATCH_POLICIES, WARP_MODULES, WARP_POLICIES)
+                       DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE, DEFAULT_TRACE_LEN, DEFAULT_WARP_POLICY, DISPATCH_MODULES,
+                       DISPATCH_POLICIES, MAX_HOLD_NOISE, WARP_MODULES, WARP_POLICIES)
 
 MASK32 = 0xFFFFFFFF
 GOLDEN32 = 0x9E3779B9
@@ -642,6 +642,7 @@ class KernelRun:
         # a learning policy's state (the closed loop's per-SM CTA durations, ticks): its `init`
         self.est = [0] * n_sm
         self.est_seen: set[int] = set()  # the SMs where one of its CTAs completed (the closed loop's first)
+        self.sq = [0] * n_sm  # the closed loop's second moments of CTA durations (ticks^2)
 
     @property
     def complete(self) -> bool:
@@ -689,6 +690,9 @@ class _Sim:
         self.hold_margin_256 = int(first.policy.hold_margin_256)
         if not 0 <= self.hold_margin_256 <= EMA_ONE:
             raise ValueError(f"hold_margin_256 = {self.hold_margin_256} outside 0..{EMA_ONE}")
+        self.hold_noise_256 = int(first.policy.hold_noise_256)
+        if not 0 <= self.hold_noise_256 <= int(MAX_HOLD_NOISE * EMA_ONE):
+            raise ValueError(f"hold_noise_256 = {self.hold_noise_256} outside 0..{int(MAX_HOLD_NOISE * EMA_ONE)}")
         self.cta_launch_ticks = int(first.chip.cta_launch_ticks)
         if self.cta_launch_ticks < 0:
             raise ValueError(f"cta_launch_ticks = {self.cta_launch_ticks} < 0")
@@ -1196,9 +1200,9 @@ def simulate_workload(launches: list, plan: Plan, shapes, max_ticks: int = 10**7
     Returns `simulate_launch`'s keys, with the per-CTA arrays over the global CTA index `g`
     (`Plan.cta_base`), plus `cta_kernel` ([n_ctas], the launch of each CTA) and per launch
     `kernel_ready_tick`, `kernel_start_tick` (its first CTA's dispatch) and `kernel_end_tick`
-    (its last CTA's completion) ([L]). `dispatch_trace=True` adds `dispatch_est` ([L, n_sm]:
-    each launch's closed-loop estimates at the end of the run) and `dispatch_est_log` (`cta`
-    is `g`); `clock_trace` as in `simulate_launch`.
+    (its last CTA's completion) ([L]). `dispatch_trace=True` adds `dispatch_est` and `dispatch_sq`
+    ([L, n_sm]: each launch's closed-loop estimates and second moments at the end of the run)
+    and `dispatch_est_log` (`cta` is `g`); `clock_trace` as in `simulate_launch`.
     """
     sim = _Sim(list(launches), plan, shapes)
     if clock_trace:
@@ -1207,6 +1211,7 @@ def simulate_workload(launches: list, plan: Plan, shapes, max_ticks: int = 10**7
     out = sim.outputs(makespan)
     if dispatch_trace:
         out["dispatch_est"] = np.asarray([kernel.est for kernel in sim.kernels], dtype=np.int64)
+        out["dispatch_sq"] = np.asarray([kernel.sq for kernel in sim.kernels], dtype=np.int64)
         out["dispatch_est_log"] = list(sim.chip.est_log)
     if clock_trace:
         out["sm_mhz_per_tick"] = np.asarray(sim.clock_log, dtype=np.int64).reshape(makespan, len(sim.sms))
@@ -1227,8 +1232,9 @@ def simulate_launch(launch, shapes, max_ticks: int = 10**7, *,
     `sm_energy_pj`, `sm_clock_end_mhz`, `sm_temp_end_mk` ([n_sm]), `trace_tick`
     ([shapes.trace_len], -1 where unused), `trace_mhz`, `trace_mw`, `trace_mk` ([trace_len,
     n_sm], 0 where unused); with DVFS off all of these are 0 (trace ticks -1).
-    Debugging aids (not outputs of the model): `dispatch_trace=True` adds `dispatch_est` (int64
-    [n_sm], the closed-loop estimates at the end of the run, kept under every policy) and
+    Debugging aids (not outputs of the model): `dispatch_trace=True` adds `dispatch_est` and
+    `dispatch_sq` (int64 [n_sm], the closed-loop estimates and second moments at the end of the
+    run, kept under every policy) and
     `dispatch_est_log` (every estimate update in order, as `(tick, sm, cta, duration, est
     after)`); `clock_trace=True` adds `sm_mhz_per_tick` (int64 [makespan_ticks, n_sm], the `f_s`
     each SM's phase accumulator added in each tick).
@@ -1237,7 +1243,7 @@ def simulate_launch(launch, shapes, max_ticks: int = 10**7, *,
     out = simulate_workload([launch], Plan.single(int(launch.program.n_ctas)), shapes, max_ticks,
                             dispatch_trace=dispatch_trace, clock_trace=clock_trace)
     if dispatch_trace:
-        out["dispatch_est"] = out["dispatch_est"][0]
+        out["dispatch_est"], out["dispatch_sq"] = out["dispatch_est"][0], out["dispatch_sq"][0]
     return out
 
 
@@ -1253,6 +1259,7 @@ def simulate(
     ema_alpha: float = DEFAULT_EMA_ALPHA,
     ema_prior_ns: float = DEFAULT_EMA_PRIOR_NS,
     hold_margin: float = DEFAULT_HOLD_MARGIN,
+    hold_noise: float = DEFAULT_HOLD_NOISE,
     max_ticks: int = 10**7,
     dispatch_trace: bool = False,
     dvfs=None,
@@ -1264,7 +1271,7 @@ def simulate(
     `kernel` is a `Kernel` (one launch, no launch overhead) or a `jaxsched.workload.Workload`
     (section 13: every launch's kernel is lowered on its own with the same chip, clocks,
     policies and DVFS, so they share the tick rate). `dispatch_weight` ([n_sm] integers,
-    default each SM's clock in MHz), `ema_alpha`, `ema_prior_ns` and `hold_margin` parameterise
+    default each SM's clock in MHz), `ema_alpha`, `ema_prior_ns`, `hold_margin` and `hold_noise` parameterise
     the weighted and closed-loop dispatch policies (model.md sections 3 and 9). `dvfs` (a
     `jaxsched.dvfs.Dvfs`, default static clocks) turns on section 12, with `clocks` as the
     static map `cap_s`; `trace_len` is the number of trace rows.
@@ -1285,7 +1292,7 @@ def simulate(
         workload_mod.validate_structure(kernel)
     for one in kernels:
         lower_mod.validate(arch, one, clocks)
-    lower_mod.validate_dispatch(arch, dispatch_weight, ema_alpha, ema_prior_ns, hold_margin)
+    lower_mod.validate_dispatch(arch, dispatch_weight, ema_alpha, ema_prior_ns, hold_margin, hold_noise)
     if dvfs is not None:
         dvfs_mod.validate_dvfs(dvfs)
     check(isinstance(trace_len, (int, np.integer)) and 0 <= trace_len <= dvfs_mod.MAX_TRACE_ROWS, "trace_len",
@@ -1294,7 +1301,8 @@ def simulate(
     dp = lower_mod.policy_index(dispatch, lower_mod.DISPATCH_POLICIES, "dispatch")
     launches = [lower_mod.to_numpy(lower_mod.lower(
         arch, one, clocks, wp, dp, dispatch_start, dispatch_weight=dispatch_weight,
-        ema_alpha=ema_alpha, ema_prior_ns=ema_prior_ns, hold_margin=hold_margin, dvfs=dvfs)) for one in kernels]
+        ema_alpha=ema_alpha, ema_prior_ns=ema_prior_ns, hold_margin=hold_margin, hold_noise=hold_noise,
+        dvfs=dvfs)) for one in kernels]
     tick_mhz = int(launches[0].clocks.tick_mhz)
     shapes = dataclasses.replace(lower_mod.shapes_for(arch, kernels[0]), trace_len=int(trace_len),
                                  n_instr=max(one.n_instr for one in kernels),
@@ -1305,7 +1313,7 @@ def simulate(
     out = simulate_workload(launches, plan, shapes, max_ticks=max_ticks,
                             dispatch_trace=dispatch_trace, clock_trace=clock_trace)
     if dispatch_trace and not is_workload:
-        out["dispatch_est"] = out["dispatch_est"][0]
+        out["dispatch_est"], out["dispatch_sq"] = out["dispatch_est"][0], out["dispatch_sq"][0]
     out["makespan_ns"] = out["makespan_ticks"] * 1000.0 / tick_mhz
     out["makespan_cycles"] = out["makespan_ns"] * float(arch.boost_clock_ghz)
     return out

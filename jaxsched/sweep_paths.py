@@ -33,7 +33,8 @@ from .errors import INT32_MAX, JaxschedError, check
 from .kernel import Kernel
 from .lower import DISPATCH_POLICIES, WARP_POLICIES
 from .policies import (DEFAULT_DISPATCH, DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS,
-                       DEFAULT_HOLD_MARGIN, DEFAULT_WARP_POLICY, FITTED_DISPATCH)
+                       DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE, DEFAULT_WARP_POLICY, FITTED_DISPATCH,
+                       MAX_HOLD_NOISE)
 
 Point = Mapping[str, object]  # group -> Arch | Kernel | dict of a table group
 
@@ -296,10 +297,12 @@ GROUPS: dict[str, TableGroup | PytreeGroup] = {
          "ema_alpha": Param("float", 0.0, 1.0),
          "ema_prior_ns": Param("float", 0.0, 1e8, high_open=True),
          # closed-loop dispatch: the tail hold's margin, a share of the CTA-duration estimate
-         "hold_margin": Param("float", 0.0, 1.0)},
+         "hold_margin": Param("float", 0.0, 1.0),
+         # and a multiple of the SM's deviation (how far its CTA durations fall from the estimate)
+         "hold_noise": Param("float", 0.0, MAX_HOLD_NOISE)},
         lambda arch: {"warp": DEFAULT_WARP_POLICY, "dispatch": DEFAULT_DISPATCH, "dispatch_start": DEFAULT_DISPATCH_START,
                       "weights": "clocks", "ema_alpha": DEFAULT_EMA_ALPHA, "ema_prior_ns": DEFAULT_EMA_PRIOR_NS,
-                      "hold_margin": DEFAULT_HOLD_MARGIN}),
+                      "hold_margin": DEFAULT_HOLD_MARGIN, "hold_noise": DEFAULT_HOLD_NOISE}),
     "clocks": TableGroup(
         {"model": Param("choice", choices=CLOCK_MODELS),
          "mean_ghz": Param("float", 0.0, low_open=True),

@@ -231,6 +231,7 @@ def configurations(draw) -> dict:
         ema_alpha=draw(st.sampled_from([0.0, 0.1, 0.25, 0.5, 1.0])),
         ema_prior_ns=draw(st.sampled_from([0.0, 50.0, 1000.0])),
         hold_margin=draw(st.sampled_from([0.0, 0.0625, 0.125, 0.3, 1.0])),
+        hold_noise=draw(st.sampled_from([0.0, 0.0, 1.0, 2.5])),
     )
 
 
@@ -258,7 +259,7 @@ mean_ghz = 1.8
 
 def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: str = "gto", dispatch: str = "hardware",
                     dispatch_start: int = 0, dispatch_weight=None, ema_alpha: float = 0.25, ema_prior_ns: float = 0.0,
-                    hold_margin: float = 0.125, dvfs=None, trace_len: int = 0, max_ticks: int = MAX_TICKS) -> Result:
+                    hold_margin: float = 0.125, hold_noise: float = 0.0, dvfs=None, trace_len: int = 0, max_ticks: int = MAX_TICKS) -> Result:
     """`simulate` with `reference.simulate`'s arguments, as one configuration of a batch padded to
     the largest static sizes the strategies draw (every CTA slot of the chip, `MAX_GRID` CTAs,
     the DVFS step and the closed loop's learning compiled in): a kernel's sizes otherwise follow
@@ -268,7 +269,8 @@ def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: st
     grid = MAX_GRID if grid <= MAX_GRID else 1 << (grid - 1).bit_length()
     batch = simulate_batch([arch], [kernel], [clocks], [WARP_POLICIES.index(warp_policy)],
                            [DISPATCH_POLICIES.index(dispatch)], [dispatch_start], dispatch_weight=[dispatch_weight],
-                           ema_alpha=ema_alpha, ema_prior_ns=ema_prior_ns, hold_margin=hold_margin, dvfs=[dvfs],
+                           ema_alpha=ema_alpha, ema_prior_ns=ema_prior_ns, hold_margin=hold_margin,
+                           hold_noise=hold_noise, dvfs=[dvfs],
                            trace_len=trace_len,
                            dvfs_step=True, closed_loop_step=True, cta_slots=int(arch.max_blocks_per_sm),
                            max_ctas=grid, dep_slots=MAX_DEP_SLOTS, max_ticks=max_ticks)

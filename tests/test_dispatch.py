@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import math
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import jaxsched as js
+from jaxsched.engine.dispatch_policies import closed_loop
 
 H200 = js.presets.get("h200")
 # The H200 without launch credit (docs/model.md section 9): a freed slot refills after the launch
@@ -83,3 +90,14 @@ def test_bad_dispatch_parameters():
         js.simulate(H200, kernel, dispatch="no_such_policy")
     with pytest.raises(js.JaxschedError, match=r"closed_loop_step.*dispatches by closed_loop"):
         js.simulate_batch([H200], [kernel], [js.clocks.uniform(H200)], [1], [4], [0], closed_loop_step=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**62), st.integers(0, 2**62), st.integers(0, 256))
+def test_closed_loop_integer_steps_are_exact_for_squared_durations(x, target, a):
+    """The engine's EMA step and square root on int64 equal Python's exact integers, up to the
+    squares of 2^31-tick durations (where `a * (target - x)` itself would overflow)."""
+    with jax.enable_x64(True):
+        i64 = lambda v: jnp.asarray(v, jnp.int64)
+        assert int(closed_loop._ema(i64(x), i64(target), i64(a))) == x + (a * (target - x)) // 256
+        assert int(closed_loop._isqrt(i64(x))) == math.isqrt(x)

@@ -93,6 +93,7 @@ def test_batch_equals_single(cfgs: list[dict]) -> None:
         ema_alpha=[c["ema_alpha"] for c in members],
         ema_prior_ns=[c["ema_prior_ns"] for c in members],
         hold_margin=[c["hold_margin"] for c in members],
+        hold_noise=[c["hold_noise"] for c in members],
         closed_loop_step=True,
         cta_slots=int(members[0]["arch"].max_blocks_per_sm),
         max_ctas=MAX_GRID,

@@ -13,7 +13,7 @@ import xarray as xr
 from helpers import small_arch
 
 import jaxsched as js
-from jaxsched import archio, fitted_policy, sweep, trace
+from jaxsched import archio, fitted_policy, trace
 from jaxsched import surrogate as sg
 from jaxsched.cli import main
 from jaxsched.surrogate import dispatch_fit, dispatch_spec, speeds
@@ -143,7 +143,11 @@ def test_engine_inputs_of_the_learned_families():
     assert cl == {"dispatch": "closed_loop", "ema_alpha": 0.5, "ema_prior_ns": pytest.approx(1000.0)}
     tail = dispatch_fit.engine_inputs("closed_loop_tail", {"alpha_logit": 0.0, "margin_logit": np.log(1 / 3)}, ARCH,
                                       mhz, 500.0)
-    assert tail == {"dispatch": "closed_loop", "ema_alpha": 0.5, "ema_prior_ns": 0.0, "hold_margin": pytest.approx(0.25)}
+    assert tail == {"dispatch": "closed_loop", "ema_alpha": 0.5, "ema_prior_ns": 0.0, "hold_margin": pytest.approx(0.25),
+                    "hold_noise": 0.0}
+    noise = dispatch_fit.engine_inputs("closed_loop_noise", {"alpha_logit": 0.0, "margin_logit": np.log(1 / 3),
+                                                             "noise_logit": 0.0}, ARCH, mhz, 500.0)
+    assert noise == {**tail, "hold_noise": pytest.approx(js.policies.MAX_HOLD_NOISE / 2)}
     start = {k: float(v[0]) for k, v in dispatch_fit.initial_theta("closed_loop_tail").items()}
     assert dispatch_fit.portable_inputs("closed_loop_tail", start)["hold_margin"] == pytest.approx(
         js.policies.DEFAULT_HOLD_MARGIN)  # the fit starts from the engine's default closed loop
@@ -240,7 +244,7 @@ def test_fit_dispatch_command(tmp_path, capsys):
     policy = fitted_policy.load(tmp_path / "out" / "policy_closed_loop_tail.toml")
     assert not (tmp_path / "out" / "policy_weighted.toml").exists()  # its weights depend on the chip
     spec = dispatch_spec.load(tmp_path / "spec.toml")
-    (kernel,), clk = spec.kernels, sweep.clock_map(spec.arch, spec.clocks, spec.map_seed(0, test=True))
+    (kernel,), clk = spec.kernels, spec.map_clocks(0, test=True)
     run = js.simulate(spec.arch, kernel, clk, warp_policy=spec.warp_policy, dispatch=policy.dispatch, **policy.values)
     assert float(run.makespan_ns) == float(ds["makespan_ns"].sel(policy="closed_loop_tail_fit").values[0, 0])
     assert ds.sizes["step"] == 2 and np.isfinite(ds["makespan_ns"].values).all()

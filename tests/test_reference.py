@@ -16,6 +16,8 @@ covers the launch latency itself).
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -23,6 +25,7 @@ from jaxsched import clocks, lower, presets, reference
 from jaxsched.errors import JaxschedError
 from jaxsched.isa import Op
 from jaxsched.kernel import make_kernel
+from jaxsched.reference_dispatch import closed_loop as reference_closed_loop
 
 from helpers import RULES_OFF
 
@@ -603,6 +606,8 @@ def test_closed_loop_same_tick_completions_update_in_slot_order():
     a = round(0.75 * 256) = 192: c1, the SM's first completion: 8; tick 20 in slot order: c0
     (d = 20) 8 + 2304 // 256 = 17, then c2 (d = 12) 17 + (-960) // 256 = 13 (floor division:
     truncation would give 14). The other order would give 11, then 17.
+    Second moments: 64; 64 + (192 * 336) // 256 = 316; 316 + (192 * -172) // 256 = 187; the
+    deviation isqrt(187 - 13^2) = isqrt(18) = 4.
     No CTA launch latency: c2 starts in c1's completion tick."""
     arch = pinned(arch_with_sms(1), **NO_LAUNCH_LATENCY)
     kernel = make_kernel("loop 3 cta_spread=2\n  fma dep\nend\nfma\nfma", grid=3, threads=32,
@@ -612,7 +617,8 @@ def test_closed_loop_same_tick_completions_update_in_slot_order():
     assert r["cta_start_tick"].tolist() == [0, 0, 8]
     assert r["cta_end_tick"].tolist() == [20, 8, 20]
     assert r["dispatch_est_log"] == [(8, 0, 1, 8, 8), (20, 0, 0, 20, 17), (20, 0, 2, 12, 13)]
-    assert r["dispatch_est"][0] == 13
+    assert r["dispatch_est"][0] == 13 and r["dispatch_sq"][0] == 187
+    assert reference_closed_loop.deviation(SimpleNamespace(est=[13], sq=[187], est_seen={0}), 0) == 4
 
 
 @pytest.mark.parametrize("dispatch", lower.DISPATCH_POLICIES)

@@ -90,21 +90,27 @@ def test_soft_converges_to_hard_as_temperature_vanishes(work, policy):
         assert float(_run(work, mhz, policy, t, "straight_through").makespan_ns) == hard
 
 
-@pytest.mark.parametrize("alpha, margin", [(0.5, 0.0), (0.4, 0.05), (0.25, 0.5)])
-def test_the_fitted_closed_loops_soft_surrogate_converges_to_hard(work, alpha, margin):
-    """The closed loop with the parameters `closed_loop_tail` fits (EMA smoothing, hold margin)
-    relaxes to the hard model as T -> 0, as with the defaults."""
+@pytest.mark.parametrize("alpha, margin, noise", [(0.5, 0.0, 0.0), (0.4, 0.05, 0.0), (0.25, 0.5, 0.0),
+                                                  (0.25, 0.03, 1.5), (0.125, 0.0, 4.0)])
+def test_the_fitted_closed_loops_soft_surrogate_converges_to_hard(work, alpha, margin, noise):
+    """The closed loop with the parameters `closed_loop_tail` and `closed_loop_noise` fit (EMA
+    smoothing, hold margin, its deviation term) relaxes to the hard model as T -> 0, as with
+    the defaults."""
     mhz = _mhz(3)
-    params = {"ema_alpha": alpha, "hold_margin": margin}
+    params = {"ema_alpha": alpha, "hold_margin": margin, "hold_noise": noise}
     hard = float(_run(work, mhz, "closed_loop", **params).makespan_ns)
     assert float(_run(work, mhz, "closed_loop", 1e-5, "soft", **params).makespan_ns) == pytest.approx(hard, rel=1e-5)
     assert float(_run(work, mhz, "closed_loop", 0.1, "straight_through", **params).makespan_ns) == hard
 
 
 def test_the_hold_margin_changes_the_hard_closed_loop(work):
-    """A margin of 1 never holds (a slot would have to finish a CTA before now); 0 holds."""
+    """A margin of 1 never holds (a slot would have to finish a CTA before now); 0 holds; so does
+    0 with a small deviation term, but a large one (8 deviations) holds less."""
     starts = {m: np.asarray(_run(work, _mhz(3), "closed_loop", hold_margin=m).cta_start_ns) for m in (0.0, 1.0)}
     assert not np.array_equal(starts[0.0], starts[1.0])
+    noisy = {k: np.asarray(_run(work, _mhz(3), "closed_loop", hold_margin=0.0, hold_noise=k).cta_start_ns)
+             for k in (0.0, 8.0)}
+    assert not np.array_equal(noisy[0.0], noisy[8.0])
 
 
 @pytest.mark.parametrize("seed", [0, 5])
@@ -132,9 +138,9 @@ def test_soft_choice_gives_exact_ties_to_the_first_entry():
 def _makespan_fn(work, policy, temperature):
     launch = sg.make_launch(ARCH, KERNEL, _mhz(2), work)
 
-    def fn(mhz, weight, alpha, prior, margin):
+    def fn(mhz, weight, alpha, prior, margin, noise):
         moved = dataclasses.replace(launch, sm_freq_mhz=mhz)
-        return sg.schedule(moved, sg.DispatchParams(weight, alpha, prior, margin), temperature, policy=policy,
+        return sg.schedule(moved, sg.DispatchParams(weight, alpha, prior, margin, noise), temperature, policy=policy,
                            max_slots=SLOTS).makespan_ns
 
     return fn, launch
@@ -147,10 +153,11 @@ def test_gradients_agree_with_finite_differences(work, policy):
                                                work), policy, 0.05)
         f64 = jnp.asarray(launch.sm_freq_mhz, jnp.float64)
         args = [f64, f64, jnp.float64(0.3), 200.0 + 0.37 * jnp.arange(f64.shape[0], dtype=jnp.float64),
-                jnp.float64(0.1)]
-        grads = jax.grad(fn, argnums=(0, 1, 2, 3, 4))(*args)
+                jnp.float64(0.1), jnp.float64(0.7)]
+        grads = jax.grad(fn, argnums=(0, 1, 2, 3, 4, 5))(*args)
         checked = 0
-        for i, idx, h in [(0, 2, 1e-3), (0, 5, 1e-3), (1, 3, 1e-3), (2, None, 1e-6), (3, 1, 1e-4), (4, None, 1e-6)]:
+        for i, idx, h in [(0, 2, 1e-3), (0, 5, 1e-3), (1, 3, 1e-3), (2, None, 1e-6), (3, 1, 1e-4), (4, None, 1e-6),
+                          (5, None, 1e-6)]:
             def bump(d, i=i, idx=idx):
                 a = list(args)
                 a[i] = a[i] + d if idx is None else a[i].at[idx].add(d)
@@ -166,7 +173,8 @@ def test_gradients_agree_with_finite_differences(work, policy):
 def test_straight_through_has_the_soft_gradient(work):
     launch = sg.make_launch(ARCH, KERNEL, _mhz(2), work)
     mhz = launch.sm_freq_mhz
-    grad = jax.grad(lambda w: sg.schedule(launch, sg.DispatchParams(w, jnp.float32(0.25), 0.0 * mhz, jnp.float32(0.125)), 0.05,
+    grad = jax.grad(lambda w: sg.schedule(launch, sg.DispatchParams(w, jnp.float32(0.25), 0.0 * mhz, jnp.float32(0.125),
+                                                                        jnp.float32(0.0)), 0.05,
                                           policy="weighted", mode="straight_through", max_slots=SLOTS)
                     .makespan_ns)(mhz)
     assert np.all(np.isfinite(grad)) and np.any(np.asarray(grad) != 0)

@@ -151,6 +151,7 @@ def _place_one(
     usable_tick: Int[Array, "cta sm"],
     fresh: Bool[Array, "cta sm"],
     est_all: Int[Array, "launch sm"],
+    dev_all: Int[Array, "launch sm"],
     tick: Int[Array, ""],
     start_tick: Int[Array, " sm"],
     freq_mhz: Int[Array, " sm"],
@@ -172,7 +173,8 @@ def _place_one(
     hold = jnp.bool_(False)
     if closed_loop:
         launching_tick = _launching_tick(slots, launch, shapes, usable_tick, tick)
-        hold = policy_hold(slots, launch, launching_tick, est, sm, tick, launches.n_ctas[head] - local)
+        hold = policy_hold(slots, launch, launching_tick, est, dev_all[head], sm, tick,
+                           launches.n_ctas[head] - local)
     j = jnp.argmax(takes[:, sm]).astype(jnp.int32)  # lowest free slot that can take it
     # Masks rather than `.at[j, sm]` updates: vmapped, a scalar update is a scatter, which the
     # CPU runs as a kernel of its own; a select fuses with its neighbours (docs/engine_performance.md,
@@ -271,6 +273,7 @@ class Plan(NamedTuple):
     usable_tick: Int[Array, "cta sm"]
     fresh: Bool[Array, "cta sm"]  # never used: a first fill needs no credit
     est: Int[Array, "launch sm"]  # the closed loop's censored estimates (unread without `closed_loop`)
+    dev: Int[Array, "launch sm"]  # the closed loop's deviations (unread without `closed_loop`)
     freq_mhz: Int[Array, " sm"]  # each SM's clock now
 
 
@@ -286,9 +289,9 @@ def plan(state: State, launch: Launch, shapes: Shapes, tick: Int[Array, ""], clo
                   jnp.bool_(False), free_warp_slots(state.warp_cta, shapes) if several else state.warp_cta < 0,
                   jnp.zeros_like(state.cta_id) if several else state.warp_cta)
     usable = _usable_slots(state, launch, shapes, start) & candidate
+    est, dev = estimates(state, launch, tick) if closed_loop else (state.dispatch.est, state.dispatch.sq)
     # A slot placed in this tick is occupied, so `fresh` needs no update during the tick.
-    return slots, Plan(tick, start, state.kernel_ready, usable, state.cta_usable_tick,
-                       ~state.cta_used, estimates(state, launch, tick) if closed_loop else state.dispatch.est,
+    return slots, Plan(tick, start, state.kernel_ready, usable, state.cta_usable_tick, ~state.cta_used, est, dev,
                        state.freq)
 
 
@@ -306,7 +309,7 @@ def place(slots: Slots, work: Bool[Array, ""], p: Plan, launch: Launch, launches
     was; and whether there is work after it. A batch's placement loop runs this until no
     configuration has work, so every configuration's placements are its own sequence, as the
     model's loop within a tick."""
-    new = _place_one(slots, launch, launches, p.ready, shapes, p.usable, p.usable_tick, p.fresh, p.est, p.tick,
+    new = _place_one(slots, launch, launches, p.ready, shapes, p.usable, p.usable_tick, p.fresh, p.est, p.dev, p.tick,
                      p.start, p.freq_mhz, closed_loop)
     slots = jax.tree.map(lambda a, b: jnp.where(work, a, b), new, slots)
     return slots, work & has_work(slots, p, launch, launches, shapes)
@@ -340,7 +343,7 @@ def commit(state: State, slots: Slots, took: Int[Array, " sm"], launch: Launch, 
         cta_arrived=jnp.where(new, 0, state.cta_arrived),
         cta_start=slots.start,
         cta_used=state.cta_used | new,
-        dispatch=Dispatch(est=state.dispatch.est, hold=slots.hold, pointer=slots.rr_pointer),
+        dispatch=Dispatch(est=state.dispatch.est, sq=state.dispatch.sq, hold=slots.hold, pointer=slots.rr_pointer),
         resident=slots.resident,
         next_cta=slots.next_cta,
         kernel_start=jnp.where((state.next_cta == 0) & (slots.next_cta > 0), first, state.kernel_start),

@@ -126,6 +126,7 @@ class Dispatch(eqx.Module):
     """What the dispatch policies remember between placements (docs/model.md section 9)."""
 
     est: Int[Array, "launch sm"]  # closed loop: a CTA's duration per launch and SM, ticks (int64)
+    sq: Int[Array, "launch sm"]  # closed loop: the same EMA of squared CTA durations, ticks^2 (int64)
     hold: Bool[Array, ""]  # closed loop: CTAs held back this tick, re-evaluated the next
     pointer: Int[Array, ""]  # round robin: the shared pointer, in dispatch-rank space
 
@@ -205,7 +206,7 @@ def initial_state(shapes: Shapes) -> State:
         cta_usable_tick=zi(c, s),
         cta_used=jnp.zeros((c, s), bool),
         warp_cta=jnp.full((w if n > 1 else 0, s), -1, jnp.int32),
-        dispatch=Dispatch(est=zl(n, s), hold=jnp.zeros((), bool), pointer=zi()),
+        dispatch=Dispatch(est=zl(n, s), sq=zl(n, s), hold=jnp.zeros((), bool), pointer=zi()),
         warps=Warps(
             pc=jnp.full((w, s), NO_WARP, jnp.int32),
             trips_left=zi(shapes.loops, w, s),

@@ -31,7 +31,7 @@ from .intervals import Clock, cta_warps, reclock, release
 from .launches import Launches, initial_ready
 from .power import Domains, dvfs_step, initial_dvfs, next_dvfs_event
 from .residency import warp_cta
-from .state import INF, NO_WARP, STALL_REASONS, State, Warps, initial_state
+from .state import INF, NO_WARP, STALL_REASONS, Dispatch, State, Warps, initial_state
 from .status import LONG_SB, WAIT
 
 
@@ -52,7 +52,7 @@ def start(run: Run, shapes: Shapes) -> State:
     state = initial_state(shapes)
     freq, dv = initial_dvfs(launch, state.dvfs)
     return dataclasses.replace(state, freq=freq, dvfs=dv, kernel_ready=initial_ready(run.launches),
-                               dispatch=dataclasses.replace(state.dispatch, est=init(launch, state.dispatch.est)),
+                               dispatch=init(launch, state.dispatch),
                                launch_credit=jnp.full_like(state.launch_credit, launch.chip.launch_idle_cycles))
 
 
@@ -108,20 +108,19 @@ def _dispatch(runs: Run, states: State, was_occupied: Bool[Array, "batch cta sm"
     batch does. They are 5 % of an H200 step at batch 4096, 7 % of a CPU step at 4
     configurations per chunk, about 1 % at one (docs/engine_performance.md, "The closed loop's work only
     where it decides something"). Results do not depend on either."""
-    def closed(s: State) -> tuple[Array, Slots]:
-        est = jax.vmap(lambda r, x, o: observe(x, o, r.launch))(runs, s, was_occupied)
-        return est, _place(runs, dataclasses.replace(s, dispatch=dataclasses.replace(s.dispatch, est=est)), shapes,
-                           True, at)
+    def closed(s: State) -> tuple[Dispatch, Slots]:
+        learnt = jax.vmap(lambda r, x, o: observe(x, o, r.launch))(runs, s, was_occupied)
+        return learnt, _place(runs, dataclasses.replace(s, dispatch=learnt), shapes, True, at)
 
-    def open_loop(s: State) -> tuple[Array, Slots]:
-        return s.dispatch.est, _place(runs, s, shapes, False, at)
+    def open_loop(s: State) -> tuple[Dispatch, Slots]:
+        return s.dispatch, _place(runs, s, shapes, False, at)
 
     if shapes.closed_loop:
         learns = jnp.any(is_one_of(runs.launch.policy.dispatch_policy, ESTIMATE_POLICIES))
-        est, slots = jax.lax.cond(learns, closed, open_loop, states)
+        learnt, slots = jax.lax.cond(learns, closed, open_loop, states)
     else:
-        est, slots = open_loop(states)
-    return dataclasses.replace(states, dispatch=dataclasses.replace(states.dispatch, est=est)), slots
+        learnt, slots = open_loop(states)
+    return dataclasses.replace(states, dispatch=learnt), slots
 
 
 class _Touched(NamedTuple):

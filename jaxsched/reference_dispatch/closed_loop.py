@@ -1,8 +1,12 @@
 """Closed-loop dispatch (docs/model.md section 9): each SM's CTA duration learnt from the CTAs it
-completed, the first one's duration then an EMA (`observe`), censored by its oldest running CTA (`estimates`); the SM with
-the smallest estimate, then the most usable free slots, then the lowest rank. In the tail it
-holds the CTA if the launch's CTAs left fit in clearly better slots: expected to finish it
-earlier by the hold margin (`hold_margin`, a share of its estimate, 1/8 by default)."""
+completed, the first one's duration then an EMA, and the same EMA of squared durations (`observe`),
+censored by its oldest running CTA (`estimates`); the SM with the smallest estimate, then the
+most usable free slots, then the lowest rank. In the tail it holds the CTA if the launch's CTAs
+left fit in clearly better slots: expected to finish it earlier by the hold margin
+(`hold_margin`, a share of its estimate, 1/8 by default, plus `hold_noise` times its deviation,
+0 by default)."""
+
+import math
 
 NUMBER = 4
 READS_ESTIMATES = True  # it learns estimates (`observe`) and reads them (`estimates`); so does its engine twin
@@ -16,14 +20,26 @@ def init(launch, n_sm: int) -> list[int]:
 
 def observe(sim, sm, kernel, g: int, t0: int, k: int) -> None:
     """Section 9 (per launch, section 13): CTA `g` of `kernel`, started at tick `t0`, completed
-    on `sm` at tick `k`: the SM's first completion of the launch sets `est_{l,s} = k - t0`, each
-    later one `est_{l,s} += floor(a * (k - t0 - est_{l,s}) / 256)` (Python floor division,
-    negative values too)."""
-    est = kernel.est[sm.index]
-    est = est + (sim.ema_alpha_256 * (k - t0 - est)) // 256 if sm.index in kernel.est_seen else k - t0
-    kernel.est_seen.add(sm.index)
-    kernel.est[sm.index] = est
-    sim.chip.est_log.append((k, sm.index, g, k - t0, est))
+    on `sm` at tick `k`, `d = k - t0`: the SM's first completion of the launch sets
+    `est_{l,s} = d` and `sq_{l,s} = d^2`, each later one `est_{l,s} += floor(a * (d - est_{l,s})
+    / 256)` and `sq_{l,s} += floor(a * (d^2 - sq_{l,s}) / 256)` (Python floor division, negative
+    values too)."""
+    s, d = sm.index, k - t0
+    ema = lambda x, target: x + (sim.ema_alpha_256 * (target - x)) // 256
+    if s in kernel.est_seen:
+        kernel.est[s], kernel.sq[s] = ema(kernel.est[s], d), ema(kernel.sq[s], d * d)
+    else:
+        kernel.est[s], kernel.sq[s] = d, d * d
+        kernel.est_seen.add(s)
+    sim.chip.est_log.append((k, s, g, d, kernel.est[s]))
+
+
+def deviation(kernel, s: int) -> int:
+    """`floor(sqrt(max(sq_{l,s} - est_{l,s}^2, 0)))`: the smoothed standard deviation of the
+    CTA durations of launch `l` = `kernel` on SM `s` (0 before its first completion)."""
+    if s not in kernel.est_seen:
+        return 0
+    return math.isqrt(max(kernel.sq[s] - kernel.est[s] ** 2, 0))
 
 
 def estimates(sim, kernel, k: int) -> list[int]:
@@ -43,12 +59,14 @@ def key(sim, kernel, sm, room: int) -> tuple:
 
 def hold(sim, kernel, cand) -> bool:
     """The launch's CTAs left (this one included) fit in slots expected to finish them earlier
-    than `cand` would, by `floor(e * hold_margin_256 / 256)` with `e` its estimate: occupied
-    slots (of any launch), and free slots still in their launch latency; not free slots waiting
-    for launch credit (when the SM collects it depends on when its schedulers starve)."""
+    than `cand` would, by `floor((e * hold_margin_256 + dev * hold_noise_256) / 256)` with `e`
+    its estimate and `dev` its deviation (`deviation`): occupied slots (of any launch),
+    and free slots still in their launch latency; not free slots waiting for launch credit (when
+    the SM collects it depends on when its schedulers starve)."""
     e = sim.censored[kernel.index]
     target = sim.now + e[cand.index]
-    margin = e[cand.index] * sim.hold_margin_256 // 256
+    dev = deviation(kernel, cand.index)
+    margin = (e[cand.index] * sim.hold_margin_256 + dev * sim.hold_noise_256) // 256
     better = 0
     for sm in sim.enabled_sms:
         es = e[sm.index]

@@ -12,6 +12,9 @@ serves chips it was not fitted on:
   `hold_margin = sigmoid(m)` (the share of its estimate by which a slot must be expected to
   finish a held CTA earlier), prior 0: nothing in it depends on the kernel's CTA time, so the
   fitted policy carries over to other kernels (`jaxsched.fitted_policy`);
+- `closed_loop_noise`: `closed_loop_tail` with the hold margin's second term, `hold_noise =
+  8 sigmoid(n)` times the candidate SM's deviation (how far its CTA durations fall from its
+  estimate), so that durations that vary by CTA rather than by SM do not cause holds; portable;
 - `closed_loop_per_sm` (a proposal; the engine takes one prior for every SM): the prior of SM
   `s` is `exp(b) d (mean f / f_s)^gamma`, a static frequency-aware estimate that the tail hold
   can use before any CTA has completed.
@@ -37,14 +40,15 @@ from jaxtyping import Array, Float, Int
 from ..arch import Arch
 from ..clocks import per_slot
 from ..errors import check
-from ..policies import DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN
+from ..policies import DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE, MAX_HOLD_NOISE
 from .launch import DispatchParams, SurrogateLaunch
 from .relax import schedule
 
-FAMILIES = ("weighted", "closed_loop", "closed_loop_tail", "closed_loop_per_sm")
-PORTABLE_FAMILIES = ("closed_loop_tail",)  # engine inputs that depend on neither the chip nor the kernel
+FAMILIES = ("weighted", "closed_loop", "closed_loop_tail", "closed_loop_noise", "closed_loop_per_sm")
+# engine inputs that depend on neither the chip nor the kernel
+PORTABLE_FAMILIES = ("closed_loop_tail", "closed_loop_noise")
 ENGINE_POLICY = {"weighted": "weighted", "closed_loop": "closed_loop", "closed_loop_tail": "closed_loop",
-                 "closed_loop_per_sm": "closed_loop"}
+                 "closed_loop_noise": "closed_loop", "closed_loop_per_sm": "closed_loop"}
 WEIGHT_SCALE = 1000.0  # engine weight of an SM at the mean clock
 GRADIENT_CLIP = 1.0  # per gradient entry and step (the loss is a makespan ratio: O(1))
 
@@ -58,6 +62,9 @@ _INITIAL = {
     # the fits start from the engine's default closed loop (alpha as a logit)
     "closed_loop": {"alpha_logit": logit(DEFAULT_EMA_ALPHA), "log_prior": 0.0},
     "closed_loop_tail": {"alpha_logit": logit(DEFAULT_EMA_ALPHA), "margin_logit": logit(DEFAULT_HOLD_MARGIN)},
+    # from one deviation (the default, 0, is a logit of minus infinity)
+    "closed_loop_noise": {"alpha_logit": logit(DEFAULT_EMA_ALPHA), "margin_logit": logit(DEFAULT_HOLD_MARGIN),
+                          "noise_logit": logit(1.0 / MAX_HOLD_NOISE)},
     "closed_loop_per_sm": {"alpha_logit": logit(DEFAULT_EMA_ALPHA), "log_prior": 0.0, "gamma": 1.0},
 }
 
@@ -99,18 +106,20 @@ def params_for(family: str, theta: dict[str, Array], launch: SurrogateLaunch) ->
     """The surrogate's dispatch parameters of one configuration (scalar `theta` entries)."""
     log_speed = _log_speed(launch)
     ones = jnp.ones_like(launch.sm_freq_mhz)
-    margin = jnp.float32(DEFAULT_HOLD_MARGIN)
+    margin, noise = jnp.float32(DEFAULT_HOLD_MARGIN), jnp.float32(DEFAULT_HOLD_NOISE)
     if family == "weighted":
         return DispatchParams(weight=jnp.exp(theta["gamma"] * log_speed), ema_alpha=jnp.float32(DEFAULT_EMA_ALPHA),
-                              ema_prior_ns=DEFAULT_EMA_PRIOR_NS * ones, hold_margin=margin)
+                              ema_prior_ns=DEFAULT_EMA_PRIOR_NS * ones, hold_margin=margin, hold_noise=noise)
     alpha = jax.nn.sigmoid(theta["alpha_logit"])
-    if family == "closed_loop_tail":
+    if family in PORTABLE_FAMILIES:
+        if family == "closed_loop_noise":
+            noise = MAX_HOLD_NOISE * jax.nn.sigmoid(theta["noise_logit"])
         return DispatchParams(weight=ones, ema_alpha=alpha, ema_prior_ns=DEFAULT_EMA_PRIOR_NS * ones,
-                              hold_margin=jax.nn.sigmoid(theta["margin_logit"]))
+                              hold_margin=jax.nn.sigmoid(theta["margin_logit"]), hold_noise=noise)
     d = mean_occupancy_ns(launch)
     tilt = theta["gamma"] * log_speed if family == "closed_loop_per_sm" else 0.0
     return DispatchParams(weight=ones, ema_alpha=alpha, ema_prior_ns=jnp.exp(theta["log_prior"] - tilt) * d * ones,
-                          hold_margin=margin)
+                          hold_margin=margin, hold_noise=noise)
 
 
 def engine_inputs(family: str, theta: dict[str, float], arch: Arch, sm_freq_mhz: np.ndarray,
@@ -138,8 +147,9 @@ def portable_inputs(family: str, theta: dict[str, float]) -> dict:
     """The engine inputs of a family in `PORTABLE_FAMILIES`, the same on every chip and kernel
     (what `jaxsched.fitted_policy` writes)."""
     check(family in PORTABLE_FAMILIES, "family", family, f"one of {PORTABLE_FAMILIES}")
+    noise = MAX_HOLD_NOISE * _sigmoid(theta["noise_logit"]) if family == "closed_loop_noise" else DEFAULT_HOLD_NOISE
     return {"dispatch": "closed_loop", "ema_alpha": _sigmoid(theta["alpha_logit"]),
-            "ema_prior_ns": DEFAULT_EMA_PRIOR_NS, "hold_margin": _sigmoid(theta["margin_logit"])}
+            "ema_prior_ns": DEFAULT_EMA_PRIOR_NS, "hold_margin": _sigmoid(theta["margin_logit"]), "hold_noise": noise}
 
 
 def _sigmoid(x: float) -> float:

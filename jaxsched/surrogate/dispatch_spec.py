@@ -13,7 +13,8 @@ Spec (TOML; see `sweeps/fit_dispatch.toml` and docs/surrogate.md):
     [clocks]                       # frequency maps, as a sweep's [clocks] (gaussian or variation)
     model = "gaussian"
     mean_ghz = 1.8
-    sigma = 0.1
+    sigma = 0.1                    # or a list: map i draws with sigma[i % len], so that one fit
+                                   # weighs uniform and unequal chips together
     train_maps = 8                 # chips the fit sees
     test_maps = 8                  # other chips, for the exact-engine evaluation
     [fit]
@@ -45,8 +46,8 @@ from ..errors import INT32_MAX, check
 from ..issue_bound import IssueDemand, issue_demand, issue_ns
 from ..kernel import Kernel, kernel_from_dict
 from ..lower import DISPATCH_POLICIES, WARP_POLICIES
-from ..policies import (DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN, DEFAULT_WARP_POLICY,
-                        FITTED_DISPATCH)
+from ..policies import (DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE,
+                        DEFAULT_WARP_POLICY, FITTED_DISPATCH, MAX_HOLD_NOISE)
 from ..sweep import MAX_SEED, clock_map
 from . import dispatch_fit as df
 from .launch import (
@@ -65,14 +66,20 @@ _FIT = {"steps": 40, "learning_rate": 0.1, "temperature": 0.05, "per_chip": Fals
 # How `theta` is fitted: Adam through the soft surrogate, or the best of `ENGINE_GRID` in the exact
 # engine on the training chips (families in `ENGINE_GRID` only, one theta for every chip).
 METHODS = ("surrogate", "engine")
-# The candidates of `method = "engine"`: every combination of these EMA smoothings and hold
-# margins (1/256: the engine's smallest above 0; 255/256: practically never hold).
-ENGINE_GRID = {"closed_loop_tail": {"ema_alpha": (0.125, 0.25, 0.5, 0.75),
-                                    "hold_margin": (1 / 256, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 255 / 256)}}
+# The candidates of `method = "engine"`: every combination of these EMA smoothings, hold margins
+# (1/256: the engine's smallest above 0; 255/256: practically never hold) and, for
+# `closed_loop_noise`, deviations in the margin (a margin of 1/256 keeps the logit finite).
+ENGINE_GRID = {"closed_loop_tail": {"ema_alpha": (1 / 16, 1 / 8, 1 / 4, 1 / 2),
+                                    "hold_margin": (1 / 256, 1 / 32, 1 / 16, 3 / 32, 1 / 8, 3 / 16, 1 / 4,
+                                                    255 / 256)},
+               "closed_loop_noise": {"ema_alpha": (1 / 8, 1 / 4),
+                                     "hold_margin": (1 / 256, 1 / 32, 1 / 16, 1 / 8),
+                                     "hold_noise": (1 / 4, 1 / 2, 1, 2, 4)}}
 _KERNEL_KEYS = ("file", "name", "program", "grid", "threads", "regs", "smem_bytes", "static_smem_bytes",
                 "l2_hit_rate", "seed")
 TEST_SEED_OFFSET = 500_000
-ENGINE_FAMILIES = ("weighted", "closed_loop", "closed_loop_tail")  # closed_loop_per_sm needs per-SM priors
+# closed_loop_per_sm needs per-SM priors
+ENGINE_FAMILIES = ("weighted", "closed_loop", "closed_loop_tail", "closed_loop_noise")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +96,14 @@ class DispatchSpec:
 
     def map_seed(self, i: int, test: bool) -> int:
         return self.seed * 1_000_003 + (TEST_SEED_OFFSET if test else 0) + i
+
+    def map_sigma(self, i: int) -> float:
+        """The clock spread map `i` (train or test) is drawn with: `clocks.sigma` in turn."""
+        return self.clocks["sigma"][i % len(self.clocks["sigma"])]
+
+    def map_clocks(self, i: int, test: bool) -> clocks.Clocks:
+        """Train or test map `i`."""
+        return clock_map(self.arch, {**self.clocks, "sigma": self.map_sigma(i)}, self.map_seed(i, test))
 
 
 def _is_int(v: object) -> bool:
@@ -144,7 +159,10 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Disp
     for key in ("train_maps", "test_maps"):
         check(_is_int(clk[key]) and 1 <= clk[key] <= 4096, f"{source}: clocks.{key}", clk[key],
               "an integer in 1 .. 4096")
-    check(_is_real(clk["sigma"]) and 0 <= clk["sigma"] < 1, f"{source}: clocks.sigma", clk["sigma"], "in [0, 1)")
+    sigmas = clk["sigma"] if isinstance(clk["sigma"], list) else [clk["sigma"]]
+    check(len(sigmas) >= 1 and all(_is_real(x) and 0 <= x < 1 for x in sigmas), f"{source}: clocks.sigma",
+          clk["sigma"], "a number in [0, 1), or a non-empty list of them")
+    clk["sigma"] = tuple(float(x) for x in sigmas)
     if clk["corr_length_mm"] is None:
         from ..freqmap import default_corr_length_mm
 
@@ -197,7 +215,7 @@ def prepare(spec: DispatchSpec) -> Prepared:
         works_bound.append(bounds.work_from_uniform(*runs))
         demands.append(issue_demand(runs[0], spec.arch, kernel))
         works_sm.append(bounds.work_from_uniform(*runs, attribution="sm"))
-    draw = lambda n, test: tuple(clock_map(spec.arch, spec.clocks, spec.map_seed(i, test)) for i in range(n))
+    draw = lambda n, test: tuple(spec.map_clocks(i, test) for i in range(n))
     return Prepared(tuple(works), tuple(works_bound), tuple(demands), tuple(works_sm),
                     draw(spec.clocks["train_maps"], False), draw(spec.clocks["test_maps"], True))
 
@@ -292,7 +310,8 @@ def evaluate(spec: DispatchSpec, prep: Prepared, fits: dict[str, df.FitResult], 
             dispatch_weight=[kw.get("dispatch_weight") for _, kw in configs],
             ema_alpha=np.asarray([kw.get("ema_alpha", DEFAULT_EMA_ALPHA) for _, kw in configs]),
             ema_prior_ns=np.asarray([kw.get("ema_prior_ns", DEFAULT_EMA_PRIOR_NS) for _, kw in configs]),
-            hold_margin=np.asarray([kw.get("hold_margin", DEFAULT_HOLD_MARGIN) for _, kw in configs]))
+            hold_margin=np.asarray([kw.get("hold_margin", DEFAULT_HOLD_MARGIN) for _, kw in configs]),
+            hold_noise=np.asarray([kw.get("hold_noise", DEFAULT_HOLD_NOISE) for _, kw in configs]))
         for (mi, pi), value in zip(kwargs, np.asarray(result.makespan_ns)):
             if pi < 0:
                 uniform_eq[ki, mi] = value
@@ -316,6 +335,7 @@ def evaluate(spec: DispatchSpec, prep: Prepared, fits: dict[str, df.FitResult], 
         coords={"kernel": [k.name for k in spec.kernels],
                 "map": [spec.map_seed(i, not per_chip) for i in range(n_m)], "policy": labels},
     )
+    ds["sigma"] = ("map", [spec.map_sigma(i) for i in range(n_m)], {"long_name": "the map's per-SM clock spread"})
     ds["gap_fluid"] = ds.makespan_ns / ds.fluid_ns - 1.0
     ds["gap_fluid"].attrs = {"long_name": "makespan / fluid bound - 1", "units": "1"}
     ds["gap_uniform"] = ds.makespan_ns / ds.uniform_equivalent_ns - 1.0
@@ -382,11 +402,14 @@ def engine_search(spec: DispatchSpec, prep: Prepared, prob: df.Problem, family: 
                                 [DISPATCH_POLICIES.index(df.ENGINE_POLICY[family])] * n, [0] * n,
                                 ema_alpha=np.repeat([c["ema_alpha"] for c in candidates], n_m),
                                 ema_prior_ns=DEFAULT_EMA_PRIOR_NS,
-                                hold_margin=np.repeat([c["hold_margin"] for c in candidates], n_m))
+                                hold_margin=np.repeat([c["hold_margin"] for c in candidates], n_m),
+                                hold_noise=np.repeat([c.get("hold_noise", DEFAULT_HOLD_NOISE) for c in candidates], n_m))
         ratio[:, :, ki] = np.asarray(result.makespan_ns, np.float64).reshape(n_c, n_m) / fluid[:, ki]
     loss = ratio.mean(axis=(1, 2))
     best = candidates[int(np.argmin(loss))]
     theta = {"alpha_logit": df.logit(best["ema_alpha"]), "margin_logit": df.logit(best["hold_margin"])}
+    if "hold_noise" in best:
+        theta["noise_logit"] = df.logit(best["hold_noise"] / MAX_HOLD_NOISE)
     return df.FitResult(family=family, theta={k: np.asarray([v], np.float64) for k, v in theta.items()},
                         loss=loss[:, None])
 

@@ -28,7 +28,7 @@ from ..errors import check
 from ..kernel import Kernel
 from ..lower import DISPATCH_POLICIES, WARP_POLICIES, lower, policy_index
 from ..policies import (DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN,
-                        DEFAULT_WARP_POLICY)
+                        DEFAULT_HOLD_NOISE, DEFAULT_WARP_POLICY)
 from ..occupancy import occupancy
 
 WORK_CLOCKS = (1.0, 0.7)  # the two uniform clocks of `measure_work`, as fractions of boost
@@ -49,12 +49,14 @@ class DispatchParams(eqx.Module):
     """Tunable dispatch numbers (all differentiable): `weighted` scores `weight / (resident + 1)`
     (only ratios matter); `closed_loop` smooths with `ema_alpha` from `ema_prior_ns`, which may
     differ per SM (the engine takes one value for every SM), and holds a CTA in the tail for a
-    slot expected to finish it earlier by `hold_margin` times its estimate."""
+    slot expected to finish it earlier by `hold_margin` times its estimate plus `hold_noise` times
+    its deviation."""
 
     weight: Float[Array, "*b sm"]
     ema_alpha: Float[Array, "*b"]
     ema_prior_ns: Float[Array, "*b sm"]
     hold_margin: Float[Array, "*b"]
+    hold_noise: Float[Array, "*b"]
 
 
 def uniform_runs(arch: Arch, kernel: Kernel, warp_policy: str = DEFAULT_WARP_POLICY,
@@ -162,7 +164,8 @@ def make_launch(arch: Arch, kernel: Kernel, sm_freq_mhz: ArrayLike, work: Work,
 def dispatch_params(arch: Arch, sm_freq_mhz: ArrayLike, dispatch_weight: ArrayLike | None = None,
                     ema_alpha: float = DEFAULT_EMA_ALPHA,
                     ema_prior_ns: ArrayLike = DEFAULT_EMA_PRIOR_NS,
-                    hold_margin: float = DEFAULT_HOLD_MARGIN) -> DispatchParams:
+                    hold_margin: float = DEFAULT_HOLD_MARGIN,
+                    hold_noise: float = DEFAULT_HOLD_NOISE) -> DispatchParams:
     """The engine's dispatch inputs as surrogate parameters (weights default to the clocks; per-SM
     arrays per SM slot or per enabled SM)."""
     f = clocks_mod.per_slot(arch, np.asarray(sm_freq_mhz, np.float32), "sm_freq_mhz")
@@ -174,4 +177,5 @@ def dispatch_params(arch: Arch, sm_freq_mhz: ArrayLike, dispatch_weight: ArrayLi
         ema_alpha=jnp.asarray(ema_alpha, jnp.float32),
         ema_prior_ns=jnp.broadcast_to(jnp.asarray(ema_prior_ns, jnp.float32), f.shape),
         hold_margin=jnp.asarray(hold_margin, jnp.float32),
+        hold_noise=jnp.asarray(hold_noise, jnp.float32),
     )

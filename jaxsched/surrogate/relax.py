@@ -16,10 +16,11 @@ constant in the dispatch parameters. The surrogate keeps the engine's structure 
   same as `hardware`: a slot model does not see partly finished CTAs), `round_robin` (pointer
   kept hard: it has no parameter), `weighted` (`weight / (resident + 1)`), `closed_loop` (per
   SM, the first observed slot occupancy, then an EMA of the later ones in order of completion,
-  censored by the oldest running CTA,
+  and the same EMA of their squares, whose variance gives the deviation; censored by the oldest running CTA,
   earliest expected finish, and the tail *hold*: when the CTAs left are no more than the
   occupied slots, and free slots still in their launch latency, expected to finish a CTA
-  clearly earlier, the CTA waits for the first of them).
+  clearly earlier, by a share of the candidate's estimate and a multiple of its deviation, the
+  CTA waits for the first of them).
 
 Relaxation at temperature `T` (dimensionless; scores are in slots, log-weights or CTA
 occupancies `d`, the mean occupancy at the mean clock):
@@ -78,14 +79,26 @@ class Schedule(eqx.Module):
     slot_end_ns: Float[Array, "*b sm slot"]  # when each slot's last CTA ended
 
 
+class _Learnt(NamedTuple):
+    """What the closed loop has learnt of each SM (mean field in soft mode)."""
+
+    est_ns: Float[Array, " sm"]  # a CTA's occupancy
+    sq_ns2: Float[Array, " sm"]  # the same EMA of squared occupancies
+    seen: Float[Array, " sm"]  # the SM's first completion has been observed (0/1)
+
+    def deviation_ns(self) -> Float[Array, " sm"]:
+        """`sqrt(max(sq - est^2, 0))`, the smoothed standard deviation (0 with no gradient at 0)."""
+        var = self.sq_ns2 - self.est_ns**2
+        return jnp.where(var > 0, jnp.sqrt(jnp.where(var > 0, var, 1.0)), 0.0)
+
+
 class _State(NamedTuple):
     end_ns: Float[Array, "sm slot"]  # when the slot's CTA ends (0: never used)
     usable_ns: Float[Array, "sm slot"]  # when the slot can start a CTA: end + launch latency
     start_ns: Float[Array, "sm slot"]  # when its CTA started
     counted: Float[Array, "sm slot"]  # the EMA has seen that CTA's completion (1 if no CTA)
     used: Float[Array, "sm slot"]  # the slot has had a CTA
-    est_ns: Float[Array, " sm"]  # closed-loop estimate of a CTA's occupancy
-    seen: Float[Array, " sm"]  # closed loop: the SM's first completion has been observed (0/1)
+    learnt: _Learnt  # closed loop
     t_ns: Float[Array, ""]  # when the previous CTA was placed
     pointer: Int[Array, ""]  # round robin
 
@@ -178,14 +191,15 @@ def _scores(policy: str, launch: SurrogateLaunch, params: DispatchParams, room: 
     return -(t + est) / scale_ns + _TIE_ROOM * room - _TIE_RANK * rank  # closed_loop
 
 
-def _ema(state: _State, relax: _Relax, usable: Array, t: Array, alpha: Array) -> tuple[Array, Array, Array]:
-    """Feed the estimates every completion up to `t`, per SM in order of completion
-    (docs/model.md 9): an SM's first sets its estimate, each later one moves it by the EMA.
+def _observe(state: _State, relax: _Relax, usable: Array, t: Array, alpha: Array) -> tuple[_Learnt, Array]:
+    """Learn from every completion up to `t`, per SM in order of completion (docs/model.md 9):
+    an SM's first sets its estimate (`d`) and second moment (`d^2`), each later one moves them
+    by the EMA. Returns what is learnt and the slots counted.
 
-    `m` updates `e += alpha (d_i - e)` in order equal `(1 - alpha)^m e + sum_i alpha (1 -
-    alpha)^(m - 1 - i) d_i`, with `i` a completion's position among the SM's new ones; on an SM
-    not seen before, `e` is its first new completion's `d_0` (the first update then gives `d_0`).
-    Returns the estimates, the slots counted and the SMs seen.
+    `m` updates `e += alpha (x_i - e)` in order equal `(1 - alpha)^m e + sum_i alpha (1 -
+    alpha)^(m - 1 - i) x_i`, with `i` a completion's position among the SM's new ones; on an SM
+    not seen before, `e` is its first new completion's `x_0` (the first update then gives `x_0`).
+    In soft mode completions are fractions (mixtures of CTAs), so `m` and positions are too.
     """
     a = state.end_ns
     done = usable * state.used * (1.0 - state.counted) * relax.gate(t - a)  # exact 0/1
@@ -197,12 +211,24 @@ def _ema(state: _State, relax: _Relax, usable: Array, t: Array, alpha: Array) ->
     log_keep = jnp.log1p(-jnp.minimum(alpha, 1.0 - 1e-7))
     decay = jnp.exp(m * log_keep)
     weight = jnp.where(done > 0, alpha * jnp.exp(jnp.maximum(m[:, None] - 1.0 - position, 0.0) * log_keep), 0.0)
-    d = a - state.start_ns
-    some = jnp.minimum(m, 1.0)
-    first = jnp.sum(jnp.where(position == 0, done * d, 0.0), axis=1)
-    prior = state.est_ns + (1.0 - state.seen) * some * (first - state.est_ns)
-    est = decay * prior + jnp.sum(weight * d, axis=1)
-    return est, state.counted + done, state.seen + (1.0 - state.seen) * some
+    some, learnt, d = jnp.minimum(m, 1.0), state.learnt, a - state.start_ns
+    first = jnp.where(position == 0, done, 0.0)
+
+    def ema(old: Array, x: Array) -> Array:
+        prior = old + (1.0 - learnt.seen) * some * (jnp.sum(first * x, axis=1) - old)
+        return decay * prior + jnp.sum(weight * x, axis=1)
+
+    return (_Learnt(est_ns=ema(learnt.est_ns, d), sq_ns2=ema(learnt.sq_ns2, d * d),
+                    seen=learnt.seen + (1.0 - learnt.seen) * some), state.counted + done)
+
+
+def _learn(learnt: _Learnt, w: Float[Array, "sm slot"], d: Float[Array, "sm slot"], alpha: Array) -> _Learnt:
+    """One completion per SM, of occupancy `d`, in the slots `w` (a mean-field spread that sums
+    to at most 1 per SM): as `_observe`'s."""
+    a = learnt.seen * alpha + (1.0 - learnt.seen)  # an SM's first completion sets its moments
+    return _Learnt(est_ns=learnt.est_ns + a * jnp.sum(w * (d - learnt.est_ns[:, None]), axis=1),
+                   sq_ns2=learnt.sq_ns2 + a * jnp.sum(w * (d * d - learnt.sq_ns2[:, None]), axis=1),
+                   seen=learnt.seen + (1.0 - learnt.seen) * jnp.sum(w, axis=1))
 
 
 def _step(state: _State, cta, *, launch: SurrogateLaunch, params: DispatchParams, relax: _Relax, policy: str,
@@ -218,23 +244,23 @@ def _step(state: _State, cta, *, launch: SurrogateLaunch, params: DispatchParams
     occupied = usable * state.used * (1.0 - relax.gate(t - state.end_ns))  # a CTA still running
     room = jnp.sum(free, axis=1)
 
-    est, counted, seen = state.est_ns, state.counted, state.seen
+    learnt, counted = state.learnt, state.counted
     if policy == "closed_loop":
-        est, counted, seen = _ema(state, relax, usable, t, params.ema_alpha)
-        est = jnp.maximum(est, jnp.max(occupied * (t - state.start_ns), axis=1))  # censored
+        learnt, counted = _observe(state, relax, usable, t, params.ema_alpha)
+    est = jnp.maximum(learnt.est_ns, jnp.max(occupied * (t - state.start_ns), axis=1))  # censored
     score = _scores(policy, launch, params, room, jnp.sum(occupied, axis=1), state.pointer, est, t, scale_ns)
     p = relax.choose(score, jnp.minimum(room, 1.0), relax.tau_score)  # [sm]
     q = _first(free)  # [sm, slot]
 
     if policy == "closed_loop":
         e_cand = jnp.sum(p * est)
+        margin = e_cand * params.hold_margin + jnp.sum(p * learnt.deviation_ns()) * params.hold_noise
         # slots expected to finish a CTA: occupied ones after their occupant, free ones still in
         # their launch latency (`launching`) from when they become usable (docs/model.md 9)
         launching = usable * state.used * relax.gate(t - state.end_ns) * (1.0 - relax.gate(t - a))
         finish = jnp.where(launching > 0, a, jnp.maximum(t, state.start_ns + est[:, None])) + est[:, None]
-        # strictly earlier: finish + e/8 < t + e (the 1e-3 ns keeps exact equality out)
-        better = (occupied + launching) * relax.step(t + e_cand - e_cand * params.hold_margin - finish - 1e-3,
-                                                     relax.tau_time)
+        # strictly earlier: finish + margin < t + e (the 1e-3 ns keeps exact equality out)
+        better = (occupied + launching) * relax.step(t + e_cand - margin - finish - 1e-3, relax.tau_time)
         n_better = jnp.sum(better)
         hold = valid * jnp.minimum(n_better, 1.0) * relax.step(n_better - left + 0.5, relax.tau_score)
         r = relax.choose(t - a, better, relax.tau_time)
@@ -245,10 +271,7 @@ def _step(state: _State, cta, *, launch: SurrogateLaunch, params: DispatchParams
     later = jnp.maximum(t, a)
     keep = 1.0 - u - v
     if policy == "closed_loop":  # a held CTA's slot reports its occupant's completion first
-        reported = jnp.sum(v * (1.0 - counted), axis=1)
-        alpha = seen * params.ema_alpha + (1.0 - seen)  # an SM's first completion sets its estimate
-        est = est + alpha * jnp.sum(v * (1.0 - counted) * (state.end_ns - state.start_ns - est[:, None]), axis=1)
-        seen = seen + (1.0 - seen) * reported
+        learnt = _learn(learnt, v * (1.0 - counted), state.end_ns - state.start_ns, params.ema_alpha)
     placed_at = (1.0 - hold) * t + hold * jnp.sum(r * later)
     n_enabled = jnp.maximum(jnp.sum(launch.sm_enabled), 1)
     ends = u * (t + duration[:, None]) + v * (later + duration[:, None])
@@ -258,8 +281,7 @@ def _step(state: _State, cta, *, launch: SurrogateLaunch, params: DispatchParams
         start_ns=keep * state.start_ns + u * t + v * later,
         counted=keep * counted,
         used=keep * state.used + u + v,
-        est_ns=est if policy == "closed_loop" else state.est_ns,
-        seen=seen,
+        learnt=learnt,
         t_ns=jnp.where(valid > 0, placed_at, state.t_ns),
         pointer=jnp.where(valid > 0, (launch.dispatch_rank[jnp.argmax(p)].astype(jnp.int32) + 1) % n_enabled,
                           state.pointer).astype(jnp.int32),
@@ -297,7 +319,8 @@ def schedule(
     n_sm = f.shape[-1]
     zeros = jnp.zeros((n_sm, max_slots), dtype)
     start = _State(end_ns=zeros, usable_ns=zeros, start_ns=zeros, counted=jnp.ones_like(zeros), used=zeros,
-                   est_ns=jnp.broadcast_to(params.ema_prior_ns, (n_sm,)).astype(dtype), seen=jnp.zeros((n_sm,), dtype),
+                   learnt=_Learnt(est_ns=jnp.broadcast_to(params.ema_prior_ns, (n_sm,)).astype(dtype),
+                                  sq_ns2=jnp.zeros((n_sm,), dtype), seen=jnp.zeros((n_sm,), dtype)),
                    t_ns=jnp.zeros((), dtype), pointer=jnp.zeros((), jnp.int32))
     params = jax.tree.map(lambda x: x.astype(dtype), params)
     left = (n_valid - jnp.arange(work.valid.shape[-1])).astype(dtype)

@@ -15,7 +15,8 @@ Spec (see `sweeps/demo.toml`, `sweeps/random_design.toml`):
     [engine]  fast_forward = true    # false: step every event (same results; docs/model.md section 11)
     [clocks]  model = "gaussian", mean_ghz = 1.9, sigma = 0.05   # per-SM clock map, see `clock_map`
     [policy]  warp = "gto", dispatch = "hardware", dispatch_start = 0,
-              weights = "clocks", ema_alpha = 0.25, ema_prior_ns = 0.0, hold_margin = 0.125
+              weights = "clocks", ema_alpha = 0.25, ema_prior_ns = 0.0, hold_margin = 0.125,
+              hold_noise = 0.0
     [grid]    "policy.warp" = ["lrr", "gto"], "clocks.sigma" = [0.0, 0.1], "kernel.regs" = [...]
     [workload] launches = 16, streams = 1, mode = "stream"    # optional: N launches of the kernel
     [design]  kind = "lhs", samples = 200, seed = 1          # optional; see `sweep_design`
@@ -24,9 +25,9 @@ Spec (see `sweeps/demo.toml`, `sweeps/random_design.toml`):
     [design.choices]  "kernel.threads" = [128, 256, 512]
 
 Swept paths (`sweep_paths`): `policy.{warp, dispatch, dispatch_start, weights, ema_alpha,
-ema_prior_ns, hold_margin}` (`weights`: the `weighted` policy's per-SM weights, "clocks" = each
+ema_prior_ns, hold_margin, hold_noise}` (`weights`: the `weighted` policy's per-SM weights, "clocks" = each
 SM's clock in MHz or "uniform"; `ema_alpha` in [0, 1], `ema_prior_ns` in [0, 1e8] and
-`hold_margin` in [0, 1] drive `closed_loop`), `clocks.{model, mean_ghz, sigma, sigma_die, corr_length_mm, ir_drop}`,
+`hold_margin` in [0, 1] and `hold_noise` in [0, 8] drive `closed_loop`), `clocks.{model, mean_ghz, sigma, sigma_die, corr_length_mm, ir_drop}`,
 `kernel.{grid, threads, regs, smem_bytes, static_smem_bytes, trips, cta_spread, warp_spread,
 if_probability, l2_hit_rate, seed, threads_fixed_work}` (or the `Kernel` field names) and
 `arch.<field>` for every scalar field of `Arch`, `workload.{mode, launch_api_ns, launch_gap_ns,

@@ -50,7 +50,8 @@ def engine_config(sweep: Sweep, point: Point, index: tuple[int, ...], replicate:
                          warp_policy=policy["warp"], dispatch=policy["dispatch"],
                          dispatch_start=policy["dispatch_start"], dispatch_weight=weight,
                          ema_alpha=policy["ema_alpha"], ema_prior_ns=policy["ema_prior_ns"],
-                         hold_margin=policy["hold_margin"], dvfs=dvfs_params(arch, point["dvfs"], seed))
+                         hold_margin=policy["hold_margin"], hold_noise=policy["hold_noise"],
+                         dvfs=dvfs_params(arch, point["dvfs"], seed))
     return Config(index=tuple(index), replicate=replicate, params=params)
 
 

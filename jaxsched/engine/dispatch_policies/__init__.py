@@ -10,16 +10,18 @@ A policy module gives:
 
 and, where the policy has one, `pointer_after(v, sm) -> Int[Array, ""]` (the shared pointer after
 `sm` took a CTA). A policy that learns from the run (its twin says `READS_ESTIMATES`:
-`policies.ESTIMATE_DISPATCH`) keeps its state in the dispatch state's estimates
-(`state.Dispatch.est`, per launch and SM) through four hooks, which the engine calls for the
-configurations that dispatch by it and compiles in only where one does (`step._dispatch`):
+`policies.ESTIMATE_DISPATCH`) keeps its state in the dispatch state's moments of CTA durations
+(`state.Dispatch.est` and `.sq`, per launch and SM) through four hooks, which the engine calls
+for the configurations that dispatch by it and compiles in only where one does
+(`step._dispatch`):
 
-- `init(launch, est) -> est`: before the run;
-- `observe(state, was_occupied, launch) -> est`: after each tick's cycles, from the CTAs that
-  completed in them;
-- `estimates(state, tick) -> est`: what its score (`View.est`) and its hold read at a placement;
-- `hold(slots, launch, launching_tick, est, sm, tick, left) -> Bool`: keep the chosen SM's CTA
-  back for this tick.
+- `init(launch, dispatch) -> Dispatch`: before the run;
+- `observe(state, was_occupied, launch) -> Dispatch`: after each tick's cycles, from the CTAs
+  that completed in them;
+- `estimates(state, tick) -> (est, dev)`: what its score (`View.est`) and its hold read at a
+  placement, per launch and SM;
+- `hold(slots, launch, launching_tick, est, dev, sm, tick, left) -> Bool`: keep the chosen SM's
+  CTA back for this tick.
 
 Policies are selected by a traced index, so one compiled simulation serves all of them: every
 policy's score is computed and the configuration's is selected.
@@ -29,12 +31,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ...lower import Launch
 from ...policies import DISPATCH_POLICIES, ESTIMATE_DISPATCH, engine_twins
-from ..state import State
+from ..state import Dispatch, State
 
 if TYPE_CHECKING:
     from ..dispatch import Slots
@@ -85,32 +88,35 @@ def pointer_after(v: View, policy: Int[Array, ""], sm: Int[Array, ""]) -> Int[Ar
     return jnp.select([policy == i for i, _ in moved], [p for _, p in moved], v.pointer)
 
 
-def _by_policy(policy: Int[Array, ""], hook: str, otherwise: Array, *args: object) -> Array:
-    """The learning hook `hook` of the configuration's `policy`, `otherwise` where its policy
-    does not learn."""
+def _by_policy(policy: Int[Array, ""], hook: str, otherwise, *args: object):
+    """The learning hook `hook` of the configuration's `policy` (an array or a pytree of them),
+    `otherwise` where its policy does not learn."""
     out = otherwise
     for number, module in _LEARNING:
-        out = jnp.where(policy == number, getattr(module, hook)(*args), out)
+        out = jax.tree.map(lambda new, old: jnp.where(policy == number, new, old), getattr(module, hook)(*args), out)
     return out
 
 
-def init(launch: Launch, est: Int[Array, "launch sm"]) -> Int[Array, "launch sm"]:
-    """The estimates before the run (`init` of the configuration's policy)."""
-    return _by_policy(launch.policy.dispatch_policy, "init", est, launch, est)
+def init(launch: Launch, dispatch: Dispatch) -> Dispatch:
+    """The dispatch state before the run (`init` of the configuration's policy)."""
+    return _by_policy(launch.policy.dispatch_policy, "init", dispatch, launch, dispatch)
 
 
-def observe(state: State, was_occupied: Bool[Array, "cta sm"], launch: Launch) -> Int[Array, "launch sm"]:
-    """The estimates after a tick's cycles (`observe` of the configuration's policy)."""
-    return _by_policy(launch.policy.dispatch_policy, "observe", state.dispatch.est, state, was_occupied, launch)
+def observe(state: State, was_occupied: Bool[Array, "cta sm"], launch: Launch) -> Dispatch:
+    """The dispatch state after a tick's cycles (`observe` of the configuration's policy)."""
+    return _by_policy(launch.policy.dispatch_policy, "observe", state.dispatch, state, was_occupied, launch)
 
 
-def estimates(state: State, launch: Launch, tick: Int[Array, ""]) -> Int[Array, "launch sm"]:
-    """What the placements of tick `tick` read (`estimates` of the configuration's policy)."""
-    return _by_policy(launch.policy.dispatch_policy, "estimates", state.dispatch.est, state, tick)
+def estimates(state: State, launch: Launch, tick: Int[Array, ""]
+              ) -> tuple[Int[Array, "launch sm"], Int[Array, "launch sm"]]:
+    """What the placements of tick `tick` read, estimates and deviations (`estimates` of the
+    configuration's policy)."""
+    return _by_policy(launch.policy.dispatch_policy, "estimates", (state.dispatch.est, state.dispatch.sq), state,
+                      tick)
 
 
 def hold(slots: Slots, launch: Launch, launching_tick: Int[Array, "cta sm"], est: Int[Array, " sm"],
-         sm: Int[Array, ""], tick: Int[Array, ""], left: Int[Array, ""]) -> Bool[Array, ""]:
+         dev: Int[Array, " sm"], sm: Int[Array, ""], tick: Int[Array, ""], left: Int[Array, ""]) -> Bool[Array, ""]:
     """Whether the configuration's policy keeps the CTA chosen for `sm` back this tick."""
-    return _by_policy(launch.policy.dispatch_policy, "hold", jnp.bool_(False), slots, launch, launching_tick, est, sm,
-                      tick, left)
+    return _by_policy(launch.policy.dispatch_policy, "hold", jnp.bool_(False), slots, launch, launching_tick, est, dev,
+                      sm, tick, left)
