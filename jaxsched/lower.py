@@ -25,8 +25,8 @@ from .errors import INT32_MAX, INT32_MIN, JaxschedError, check, check_floats, ch
 from .isa import Op
 from .kernel import WAIT_BITS, Kernel, data_rows, validate_kernel
 from .occupancy import REG_SHARE_ONE, check_launch, occupancy
-from .policies import (DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE, DISPATCH_POLICIES,
-                       MAX_HOLD_NOISE, WARP_POLICIES)
+from .policies import (DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE,
+                       DISPATCH_POLICIES, MAX_HOLD_NOISE, WARP_POLICIES)
 
 QUEUE_ONE_TICK = 1024  # memory-queue backlog is kept in 1/1024 of a tick
 BRANCH_HASH_ONE = 1 << 24  # branch lane draws compare 24-bit hashes against p * 2^24

@@ -259,7 +259,8 @@ mean_ghz = 1.8
 
 def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: str = "gto", dispatch: str = "hardware",
                     dispatch_start: int = 0, dispatch_weight=None, ema_alpha: float = 0.25, ema_prior_ns: float = 0.0,
-                    hold_margin: float = 0.125, hold_noise: float = 0.0, dvfs=None, trace_len: int = 0, max_ticks: int = MAX_TICKS) -> Result:
+                    hold_margin: float = 0.125, hold_noise: float = 0.0, dvfs=None, trace_len: int = 0,
+                    max_ticks: int = MAX_TICKS) -> Result:
     """`simulate` with `reference.simulate`'s arguments, as one configuration of a batch padded to
     the largest static sizes the strategies draw (every CTA slot of the chip, `MAX_GRID` CTAs,
     the DVFS step and the closed loop's learning compiled in): a kernel's sizes otherwise follow

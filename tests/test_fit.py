@@ -143,8 +143,8 @@ def test_engine_inputs_of_the_learned_families():
     assert cl == {"dispatch": "closed_loop", "ema_alpha": 0.5, "ema_prior_ns": pytest.approx(1000.0)}
     tail = dispatch_fit.engine_inputs("closed_loop_tail", {"alpha_logit": 0.0, "margin_logit": np.log(1 / 3)}, ARCH,
                                       mhz, 500.0)
-    assert tail == {"dispatch": "closed_loop", "ema_alpha": 0.5, "ema_prior_ns": 0.0, "hold_margin": pytest.approx(0.25),
-                    "hold_noise": 0.0}
+    assert tail == {"dispatch": "closed_loop", "ema_alpha": 0.5, "ema_prior_ns": 0.0,
+                    "hold_margin": pytest.approx(0.25), "hold_noise": 0.0}
     noise = dispatch_fit.engine_inputs("closed_loop_noise", {"alpha_logit": 0.0, "margin_logit": np.log(1 / 3),
                                                              "noise_logit": 0.0}, ARCH, mhz, 500.0)
     assert noise == {**tail, "hold_noise": pytest.approx(js.policies.MAX_HOLD_NOISE / 2)}

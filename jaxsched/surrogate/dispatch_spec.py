@@ -403,7 +403,8 @@ def engine_search(spec: DispatchSpec, prep: Prepared, prob: df.Problem, family: 
                                 ema_alpha=np.repeat([c["ema_alpha"] for c in candidates], n_m),
                                 ema_prior_ns=DEFAULT_EMA_PRIOR_NS,
                                 hold_margin=np.repeat([c["hold_margin"] for c in candidates], n_m),
-                                hold_noise=np.repeat([c.get("hold_noise", DEFAULT_HOLD_NOISE) for c in candidates], n_m))
+                                hold_noise=np.repeat([c.get("hold_noise", DEFAULT_HOLD_NOISE) for c in candidates],
+                                                     n_m))
         ratio[:, :, ki] = np.asarray(result.makespan_ns, np.float64).reshape(n_c, n_m) / fluid[:, ki]
     loss = ratio.mean(axis=(1, 2))
     best = candidates[int(np.argmin(loss))]

@@ -25,9 +25,10 @@ Spec (see `sweeps/demo.toml`, `sweeps/random_design.toml`):
     [design.choices]  "kernel.threads" = [128, 256, 512]
 
 Swept paths (`sweep_paths`): `policy.{warp, dispatch, dispatch_start, weights, ema_alpha,
-ema_prior_ns, hold_margin, hold_noise}` (`weights`: the `weighted` policy's per-SM weights, "clocks" = each
-SM's clock in MHz or "uniform"; `ema_alpha` in [0, 1], `ema_prior_ns` in [0, 1e8] and
-`hold_margin` in [0, 1] and `hold_noise` in [0, 8] drive `closed_loop`), `clocks.{model, mean_ghz, sigma, sigma_die, corr_length_mm, ir_drop}`,
+ema_prior_ns, hold_margin, hold_noise}` (`weights`: the `weighted` policy's per-SM weights,
+"clocks" = each SM's clock in MHz or "uniform"; `ema_alpha` in [0, 1], `ema_prior_ns` in
+[0, 1e8], `hold_margin` in [0, 1] and `hold_noise` in [0, 8] drive `closed_loop`),
+`clocks.{model, mean_ghz, sigma, sigma_die, corr_length_mm, ir_drop}`,
 `kernel.{grid, threads, regs, smem_bytes, static_smem_bytes, trips, cta_spread, warp_spread,
 if_probability, l2_hit_rate, seed, threads_fixed_work}` (or the `Kernel` field names) and
 `arch.<field>` for every scalar field of `Arch`, `workload.{mode, launch_api_ns, launch_gap_ns,
