@@ -51,8 +51,8 @@ DEFAULT_EMA_ALPHA = 0.25  # closed loop: weight of the newest CTA duration in th
 DEFAULT_EMA_PRIOR_NS = 0.0  # closed loop: the estimate before an SM's first CTA ends
 # closed loop: a CTA is held for a slot expected to finish it earlier by this share of its estimate
 DEFAULT_HOLD_MARGIN = 0.125
-# closed loop: and by this many times the SM's deviation (how far its CTA durations fall from its
-# estimate), so that noisy durations do not pass for a slow SM; at most MAX_HOLD_NOISE
+# closed loop: and by this many times the SM's deviation (the smoothed standard deviation of its
+# CTA durations), so that durations that vary by CTA do not pass for a slow SM; at most MAX_HOLD_NOISE
 DEFAULT_HOLD_NOISE = 0.0
 MAX_HOLD_NOISE = 8.0
 # Run options of `js.simulate`, `js.simulate_batch` and the reference: no DVFS clock trace kept,

@@ -298,7 +298,7 @@ GROUPS: dict[str, TableGroup | PytreeGroup] = {
          "ema_prior_ns": Param("float", 0.0, 1e8, high_open=True),
          # closed-loop dispatch: the tail hold's margin, a share of the CTA-duration estimate
          "hold_margin": Param("float", 0.0, 1.0),
-         # and a multiple of the SM's deviation (how far its CTA durations fall from the estimate)
+         # and a multiple of the SM's deviation (the smoothed standard deviation of its CTA durations)
          "hold_noise": Param("float", 0.0, MAX_HOLD_NOISE)},
         lambda arch: {"warp": DEFAULT_WARP_POLICY, "dispatch": DEFAULT_DISPATCH, "dispatch_start": DEFAULT_DISPATCH_START,
                       "weights": "clocks", "ema_alpha": DEFAULT_EMA_ALPHA, "ema_prior_ns": DEFAULT_EMA_PRIOR_NS,

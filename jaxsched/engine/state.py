@@ -125,7 +125,9 @@ class Counters(eqx.Module):
 class Dispatch(eqx.Module):
     """What the dispatch policies remember between placements (docs/model.md section 9)."""
 
-    est: Int[Array, "launch sm"]  # closed loop: a CTA's duration per launch and SM, ticks (int64)
+    # closed loop: a CTA's duration per launch and SM, ticks (int64; -1 - prior until the SM's first
+    # completion of the launch)
+    est: Int[Array, "launch sm"]
     sq: Int[Array, "launch sm"]  # closed loop: the same EMA of squared CTA durations, ticks^2 (int64)
     hold: Bool[Array, ""]  # closed loop: CTAs held back this tick, re-evaluated the next
     pointer: Int[Array, ""]  # round robin: the shared pointer, in dispatch-rank space

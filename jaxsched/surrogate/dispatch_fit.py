@@ -13,8 +13,8 @@ serves chips it was not fitted on:
   finish a held CTA earlier), prior 0: nothing in it depends on the kernel's CTA time, so the
   fitted policy carries over to other kernels (`jaxsched.fitted_policy`);
 - `closed_loop_noise`: `closed_loop_tail` with the hold margin's second term, `hold_noise =
-  8 sigmoid(n)` times the candidate SM's deviation (how far its CTA durations fall from its
-  estimate), so that durations that vary by CTA rather than by SM do not cause holds; portable;
+  8 sigmoid(n)` times the candidate SM's deviation (the smoothed standard deviation of its CTA
+  durations), so that durations that vary by CTA rather than by SM do not cause holds; portable;
 - `closed_loop_per_sm` (a proposal; the engine takes one prior for every SM): the prior of SM
   `s` is `exp(b) d (mean f / f_s)^gamma`, a static frequency-aware estimate that the tail hold
   can use before any CTA has completed.
