@@ -244,10 +244,10 @@ def _step(state: _State, cta, *, launch: SurrogateLaunch, params: DispatchParams
     occupied = usable * state.used * (1.0 - relax.gate(t - state.end_ns))  # a CTA still running
     room = jnp.sum(free, axis=1)
 
-    learnt, counted = state.learnt, state.counted
+    learnt, counted, est = state.learnt, state.counted, state.learnt.est_ns  # est: read by closed_loop only
     if policy == "closed_loop":
         learnt, counted = _observe(state, relax, usable, t, params.ema_alpha)
-    est = jnp.maximum(learnt.est_ns, jnp.max(occupied * (t - state.start_ns), axis=1))  # censored
+        est = jnp.maximum(learnt.est_ns, jnp.max(occupied * (t - state.start_ns), axis=1))  # censored
     score = _scores(policy, launch, params, room, jnp.sum(occupied, axis=1), state.pointer, est, t, scale_ns)
     p = relax.choose(score, jnp.minimum(room, 1.0), relax.tau_score)  # [sm]
     q = _first(free)  # [sm, slot]
