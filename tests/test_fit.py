@@ -198,6 +198,7 @@ steps = 2
     ("steps = 2", 'steps = 2\nmethod = "grid"', "fit.method = 'grid'"),
     ("steps = 2", 'steps = 2\nmethod = "engine"', "families = 'weighted'"),
     ("sigma = 0.15", 'sigma = "wide"', "clocks.sigma = 'wide'"),
+    ("steps = 2", 'steps = 2\nuniform_tolerance = 0.005', 'fit.uniform_tolerance = 0.005: set only with fit.method'),
 ])
 def test_dispatch_spec_errors_name_the_field(tmp_path, old, new, field):
     (tmp_path / "small.toml").write_text(archio.dumps(ARCH))
@@ -229,6 +230,62 @@ def test_engine_search_picks_the_candidate_best_in_the_exact_engine(tmp_path, mo
                                ema_alpha=best["ema_alpha"], hold_margin=best["hold_margin"]).makespan_ns) / float(f)
              for clk, f in zip(prep.train_clocks, prob.fluid_ns)]
     assert np.mean(again) == pytest.approx(result.loss[i, 0], rel=1e-9)
+
+
+def _engine_spec(tmp_path, *, tolerance: str = "", sigma: str = "[0.0, 0.15]") -> str:
+    (tmp_path / "small.toml").write_text(archio.dumps(ARCH))
+    return (SPEC.replace('families = ["weighted", "closed_loop"]', 'families = ["closed_loop_tail"]')
+            .replace("sigma = 0.15", f"sigma = {sigma}")
+            .replace("steps = 2", f'steps = 2\nmethod = "engine"\n{tolerance}'))
+
+
+@pytest.mark.parametrize("tolerance, sigma, message", [
+    ("uniform_tolerance = -0.1", "[0.0, 0.15]", "-0.1: a number in"),
+    ("uniform_tolerance = 0.005", "0.15", "0.005: set only where a training map is uniform"),
+])
+def test_uniform_tolerance_errors_name_the_field(tmp_path, tolerance, sigma, message):
+    with pytest.raises(js.JaxschedError, match=f"fit.uniform_tolerance = {message}"):
+        dispatch_spec.loads(_engine_spec(tmp_path, tolerance=tolerance, sigma=sigma), base_dir=tmp_path)
+
+
+def test_engine_search_admits_only_candidates_near_hardware_on_uniform_chips(tmp_path, monkeypatch):
+    """With `uniform_tolerance`, theta is the lowest-loss candidate among those no more than the
+    tolerance slower than hardware dispatch on the uniform training chip (map 0, sigma 0): the
+    slowdowns checked against separate exact runs, the rule with slowdowns set so that it binds
+    (on this small chip the lowest-loss candidate is also the fastest on the uniform one); a
+    tolerance no candidate meets is an error."""
+    grid = {"ema_alpha": (0.25,), "hold_margin": (1 / 256, 1 / 8, 255 / 256)}
+    monkeypatch.setitem(dispatch_spec.ENGINE_GRID, "closed_loop_tail", grid)
+    spec = dispatch_spec.loads(_engine_spec(tmp_path, tolerance="uniform_tolerance = 0.0"), base_dir=tmp_path)
+    prep = dispatch_spec.prepare(spec)
+    prob, _ = dispatch_spec.problem(spec, prep)
+    (kernel,), uniform = spec.kernels, prep.train_clocks[0]
+    assert spec.map_sigma(0) == 0.0 and spec.map_sigma(1) > 0
+
+    def makespan(**policy) -> float:
+        return float(js.simulate(spec.arch, kernel, uniform, warp_policy=spec.warp_policy, **policy).makespan_ns)
+
+    runs = np.array([[makespan(dispatch="closed_loop", ema_alpha=0.25, hold_margin=m)] for m in grid["hold_margin"]])
+    slower = runs[:, 0] / makespan(dispatch="hardware") - 1
+    wp = js.lower.WARP_POLICIES.index(spec.warp_policy)
+    assert dispatch_spec._slower_than_hardware(spec, prep, kernel, runs, [0], wp) == pytest.approx(slower, rel=1e-12)
+    result = dispatch_spec.engine_search(spec, prep, prob, "closed_loop_tail")
+
+    def chosen(result) -> float:
+        return dispatch_fit.portable_inputs("closed_loop_tail", {k: float(v[0]) for k, v in result.theta.items()})[
+            "hold_margin"]
+
+    assert chosen(result) == pytest.approx(grid["hold_margin"][int(np.argmin(np.where(slower <= 0, result.loss[:, 0],
+                                                                                      np.inf)))])
+    order = np.argsort(result.loss[:, 0])
+    forced = np.where(np.arange(3) == order[0], 0.01, 0.0)  # the lowest-loss candidate 1 % slower
+    monkeypatch.setattr(dispatch_spec, "_slower_than_hardware", lambda *args: forced)
+    assert chosen(dispatch_spec.engine_search(spec, prep, prob, "closed_loop_tail")) == pytest.approx(
+        grid["hold_margin"][order[1]])
+    monkeypatch.setattr(dispatch_spec, "_slower_than_hardware", lambda *args: np.full(3, 0.02))
+    with pytest.raises(js.JaxschedError, match=r"fit.uniform_tolerance = 0.0: a tolerance some closed_loop_tail "
+                                               r"candidate meets \(the closest is \+2.00 %"):
+        dispatch_spec.engine_search(spec, prep, prob, "closed_loop_tail")
 
 
 @pytest.mark.slow

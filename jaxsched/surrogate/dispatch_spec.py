@@ -23,6 +23,9 @@ Spec (TOML; see `sweeps/fit_dispatch.toml` and docs/surrogate.md):
     temperature = 0.05             # the soft surrogate's temperature (docs/surrogate.md)
     per_chip = false               # true: one theta per training chip (evaluated on that chip)
     method = "surrogate"           # or "engine": the best of ENGINE_GRID in the exact engine
+    uniform_tolerance = 0.005      # "engine" only, optional: admit only candidates at most this
+                                   # much slower than hardware dispatch on every uniform (sigma 0)
+                                   # training chip and kernel
 
 Train map `i` draws its clocks from seed `seed * 1_000_003 + i`, test map `j` from
 `seed * 1_000_003 + 500_000 + j`: the two sets never share a chip.
@@ -62,19 +65,22 @@ from .relax import schedule
 _TOP = ("title", "arch", "warp_policy", "seed", "families", "kernels", "clocks", "fit")
 _CLOCKS = {"model": "gaussian", "mean_ghz": 1.8, "sigma": 0.1, "sigma_die": 0.0, "corr_length_mm": None,
            "ir_drop": False, "train_maps": 8, "test_maps": 8}
-_FIT = {"steps": 40, "learning_rate": 0.1, "temperature": 0.05, "per_chip": False, "method": "surrogate"}
+_FIT = {"steps": 40, "learning_rate": 0.1, "temperature": 0.05, "per_chip": False, "method": "surrogate",
+        "uniform_tolerance": None}
 # How `theta` is fitted: Adam through the soft surrogate, or the best of `ENGINE_GRID` in the exact
 # engine on the training chips (families in `ENGINE_GRID` only, one theta for every chip).
 METHODS = ("surrogate", "engine")
 # The candidates of `method = "engine"`: every combination of these EMA smoothings, hold margins
 # (1/256: the engine's smallest above 0; 255/256: practically never hold) and, for
-# `closed_loop_noise`, deviations in the margin (a margin of 1/256 keeps the logit finite).
+# `closed_loop_noise`, deviations in the margin (at least 1/4: a weight of 0 is the tail family).
+# Smoothings down to 1/16 let an SM's estimate average out CTA-to-CTA noise (the memory-mix
+# kernel's trip counts vary by a factor of 3), which a small margin needs on uniform chips.
 ENGINE_GRID = {"closed_loop_tail": {"ema_alpha": (1 / 16, 1 / 8, 1 / 4, 1 / 2),
                                     "hold_margin": (1 / 256, 1 / 32, 1 / 16, 3 / 32, 1 / 8, 3 / 16, 1 / 4,
                                                     255 / 256)},
-               "closed_loop_noise": {"ema_alpha": (1 / 8, 1 / 4),
-                                     "hold_margin": (1 / 256, 1 / 32, 1 / 16, 1 / 8),
-                                     "hold_noise": (1 / 4, 1 / 2, 1, 2, 4)}}
+               "closed_loop_noise": {"ema_alpha": (1 / 16, 1 / 8, 1 / 4),
+                                     "hold_margin": (1 / 32, 1 / 16, 1 / 8, 3 / 16),
+                                     "hold_noise": (1 / 4, 1 / 2, 1, 2)}}
 _KERNEL_KEYS = ("file", "name", "program", "grid", "threads", "regs", "smem_bytes", "static_smem_bytes",
                 "l2_hit_rate", "seed")
 TEST_SEED_OFFSET = 500_000
@@ -181,6 +187,14 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Disp
             check(fam in ENGINE_GRID, f"{source}: families", fam,
                   f'each one of {tuple(ENGINE_GRID)} with fit.method = "engine"')
         check(not fit["per_chip"], f"{source}: fit.per_chip", True, 'false with fit.method = "engine"')
+    tol = fit["uniform_tolerance"]
+    if tol is not None:
+        check(_is_real(tol) and 0 <= tol < 1, f"{source}: fit.uniform_tolerance", tol, "a number in [0, 1)")
+        check(fit["method"] == "engine", f"{source}: fit.uniform_tolerance", tol, 'set only with fit.method = "engine"')
+        uniform = any(sigmas[i % len(sigmas)] == 0 for i in range(clk["train_maps"]))
+        check(uniform, f"{source}: fit.uniform_tolerance", tol,
+              "set only where a training map is uniform (a clocks.sigma of 0 among the first train_maps)")
+        fit["uniform_tolerance"] = float(tol)
     return DispatchSpec(title=str(doc.get("title", source)), text=text, arch=arch, warp_policy=warp,
                         seed=seed, families=families, kernels=kernels, clocks=clk, fit=fit)
 
@@ -363,6 +377,8 @@ def fit_dataset(spec: DispatchSpec, fits: dict[str, df.FitResult], evaluation: x
                  "temperature": float(spec.fit["temperature"]), "steps": int(spec.fit["steps"]),
                  "learning_rate": float(spec.fit["learning_rate"]), "per_chip": int(spec.fit["per_chip"]),
                  "method": spec.fit["method"],
+                 "uniform_tolerance": "none" if spec.fit["uniform_tolerance"] is None
+                 else float(spec.fit["uniform_tolerance"]),
                  "spec": spec.text}
     return out
 
@@ -388,13 +404,16 @@ def policy_files(ds: xr.Dataset) -> dict[str, str]:
 def engine_search(spec: DispatchSpec, prep: Prepared, prob: df.Problem, family: str) -> df.FitResult:
     """`method = "engine"`: every candidate of `ENGINE_GRID[family]` in the exact engine on every
     training chip and kernel; `theta` is the candidate with the lowest mean makespan over the
-    fluid bound (the surrogate fit's objective, measured exactly). The loss curve holds every
-    candidate's, in grid order (`step` indexes the candidates)."""
+    fluid bound (the surrogate fit's objective, measured exactly). With `fit.uniform_tolerance`
+    only candidates at most that much slower than hardware dispatch on every uniform training
+    chip and kernel are admitted: a mean over chips would otherwise trade a loss on uniform chips
+    for gains on unequal ones. The loss curve holds every candidate's, in grid order (`step`
+    indexes the candidates)."""
     grid = ENGINE_GRID[family]
     candidates = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
     wp = WARP_POLICIES.index(spec.warp_policy)
     n_k, n_m, n_c = len(spec.kernels), len(prep.train_clocks), len(candidates)
-    ratio = np.zeros((n_c, n_m, n_k))
+    makespan = np.zeros((n_c, n_m, n_k))
     fluid = np.asarray(prob.fluid_ns, np.float64).reshape(n_m, n_k)  # map-major, as `problem` stacks them
     for ki, kernel in enumerate(spec.kernels):
         n = n_c * n_m
@@ -405,14 +424,35 @@ def engine_search(spec: DispatchSpec, prep: Prepared, prob: df.Problem, family: 
                                 hold_margin=np.repeat([c["hold_margin"] for c in candidates], n_m),
                                 hold_noise=np.repeat([c.get("hold_noise", DEFAULT_HOLD_NOISE) for c in candidates],
                                                      n_m))
-        ratio[:, :, ki] = np.asarray(result.makespan_ns, np.float64).reshape(n_c, n_m) / fluid[:, ki]
-    loss = ratio.mean(axis=(1, 2))
-    best = candidates[int(np.argmin(loss))]
+        makespan[:, :, ki] = np.asarray(result.makespan_ns, np.float64).reshape(n_c, n_m)
+    loss = (makespan / fluid).mean(axis=(1, 2))
+    admitted = np.ones(n_c, bool)
+    tol = spec.fit["uniform_tolerance"]
+    if tol is not None:
+        uniform = [i for i in range(n_m) if spec.map_sigma(i) == 0]
+        slower = np.stack([_slower_than_hardware(spec, prep, kernel, makespan[:, :, ki], uniform, wp)
+                           for ki, kernel in enumerate(spec.kernels)], axis=-1).max(axis=-1)  # [candidate]
+        admitted = slower <= tol
+        check(bool(admitted.any()), "fit.uniform_tolerance", tol,
+              f"a tolerance some {family} candidate meets (the closest is {100 * slower.min():+.2f} % "
+              "against hardware dispatch on a uniform training chip)")
+    best = candidates[int(np.argmin(np.where(admitted, loss, np.inf)))]
     theta = {"alpha_logit": df.logit(best["ema_alpha"]), "margin_logit": df.logit(best["hold_margin"])}
     if "hold_noise" in best:
         theta["noise_logit"] = df.logit(best["hold_noise"] / MAX_HOLD_NOISE)
     return df.FitResult(family=family, theta={k: np.asarray([v], np.float64) for k, v in theta.items()},
                         loss=loss[:, None])
+
+
+def _slower_than_hardware(spec: DispatchSpec, prep: Prepared, kernel: Kernel, makespan_ns: np.ndarray,
+                          maps: list[int], wp: int) -> np.ndarray:
+    """[candidate] the largest relative slowdown of each candidate's `makespan_ns` [candidate,
+    map] against hardware dispatch on the training maps `maps`, for one kernel."""
+    n = len(maps)
+    hardware = simulate_batch([spec.arch] * n, [kernel] * n, [prep.train_clocks[i] for i in maps], [wp] * n,
+                              [DISPATCH_POLICIES.index("hardware")] * n, [0] * n)
+    hw_ns = np.asarray(hardware.makespan_ns, np.float64)
+    return (makespan_ns[:, maps] / hw_ns - 1.0).max(axis=1)
 
 
 def run(spec: DispatchSpec, progress: Callable[[str], None] | None = None) -> xr.Dataset:
