@@ -393,7 +393,8 @@ def policy_files(ds: xr.Dataset) -> dict[str, str]:
         if fam in df.PORTABLE_FAMILIES:
             theta = {name: float(ds[f"{fam}_{name}"].values[0]) for name in df.initial_theta(fam)}
             inputs = df.portable_inputs(fam, theta)
-            how = (f"the best of {ds.sizes['step']} candidates in the exact engine" if ds.attrs["method"] == "engine"
+            tried = int(np.isfinite(ds["loss"].sel(family=fam).values[:, 0]).sum())  # steps are padded to the longest
+            how = (f"the best of {tried} candidates in the exact engine" if ds.attrs["method"] == "engine"
                    else f"{ds.attrs['steps']} steps at T = {ds.attrs['temperature']}")
             header = (f"jaxsched fit dispatch: family {fam} of {ds.attrs['title']!r} ({ds.attrs['arch']}), {how}\n"
                       f'a sweep runs it with [policy] dispatch = "{FITTED_DISPATCH}", fitted = "<this file>"')
