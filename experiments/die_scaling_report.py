@@ -18,7 +18,8 @@ it beats hardware dispatch, and its change against hardware dispatch on the unif
 (sigma 0): issue 35's acceptance test.
 
 A sweep with a `kernel.grid` dimension beside `kernel.variant` (sweeps/dispatch_recovery.toml)
-is reported per variant and grid.
+is reported per variant and grid; one that also sweeps the policies' parameters (`policy.
+hold_margin`, `policy.ema_alpha`, ...) reports each combination as a policy of its own.
 
     python experiments/die_scaling_report.py OUT|reduced.nc [--png docs/img/die_scaling.png]
         [--spec sweeps/die_scaling_ms.toml]
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 from pathlib import Path
 
 import jax
@@ -48,6 +50,24 @@ SPEC = Path(__file__).resolve().parent.parent / "sweeps" / "die_scaling.toml"  #
 def uniform_runs(arch: js.Arch, kernel: js.Kernel) -> list[js.Result]:
     """The kernel on a uniform chip at 1980 and 1188 MHz (hardware dispatch)."""
     return [js.simulate(arch, kernel, js.clocks.uniform(arch, ghz)) for ghz in (1.98, 1.188)]
+
+
+def policies_by_parameters(ds):
+    """`ds` with one `policy_dispatch` entry per policy and combination of the swept policy
+    parameters (other `policy_*` dimensions than the dispatch policy and the warp policy), named
+    `closed_loop (hold_margin 0.125, hold_noise 0.5)`; hardware dispatch, which reads none of
+    them, once (its runs are the same for every combination)."""
+    dims = [str(d) for d in ds.dims if str(d).startswith("policy_") and d not in ("policy_dispatch", "policy_warp")]
+    if not dims:
+        return ds
+    parts, labels = [], []
+    for policy in (str(p) for p in ds.policy_dispatch.values):
+        combos = list(itertools.product(*(ds[d].values for d in dims)))
+        for combo in combos[:1] if policy == "hardware" else combos:
+            parts.append(ds.sel(policy_dispatch=policy, **dict(zip(dims, combo))).drop_vars(dims + ["policy_dispatch"]))
+            values = ", ".join(f"{d.removeprefix('policy_')} {v:g}" for d, v in zip(dims, combo))
+            labels.append(policy if policy == "hardware" else f"{policy} ({values})")
+    return xr.concat(parts, dim="policy_dispatch").assign_coords(policy_dispatch=labels)
 
 
 def cases(ds, spec: sweep.Sweep) -> list[tuple[str, dict, js.Kernel]]:
@@ -149,6 +169,7 @@ def main() -> None:
     parser.add_argument("--spec", default=str(SPEC), help="the sweep spec OUT ran (its arch and kernels)")
     args = parser.parse_args()
     ds = xr.open_dataset(args.out, engine="h5netcdf") if args.out.endswith(".nc") else sweep.open_result(args.out)
+    ds = policies_by_parameters(ds)
     spec = sweep.load(args.spec)
     arch = spec.arch
     where = cases(ds, spec)
