@@ -207,31 +207,6 @@ def test_dispatch_spec_errors_name_the_field(tmp_path, old, new, field):
         dispatch_spec.loads(SPEC.replace(old, new), base_dir=tmp_path)
 
 
-def test_engine_search_picks_the_candidate_best_in_the_exact_engine(tmp_path, monkeypatch):
-    """`method = "engine"`: every candidate runs in the exact engine on the training chips; theta
-    is the one with the lowest mean makespan over the fluid bound, written back as logits (on a
-    grid of 2 x 3 candidates, for the suite's time)."""
-    monkeypatch.setitem(dispatch_spec.ENGINE_GRID, "closed_loop_tail",
-                        {"ema_alpha": (0.25, 0.5), "hold_margin": (1 / 32, 1 / 8, 1 / 2)})
-    (tmp_path / "small.toml").write_text(archio.dumps(ARCH))
-    text = SPEC.replace('families = ["weighted", "closed_loop"]', 'families = ["closed_loop_tail"]')
-    spec = dispatch_spec.loads(text.replace("steps = 2", 'steps = 2\nmethod = "engine"'), base_dir=tmp_path)
-    prep = dispatch_spec.prepare(spec)
-    prob, _ = dispatch_spec.problem(spec, prep)
-    result = dispatch_spec.engine_search(spec, prep, prob, "closed_loop_tail")
-    grid = dispatch_spec.ENGINE_GRID["closed_loop_tail"]
-    assert result.loss.shape == (int(np.prod([len(v) for v in grid.values()])), 1)
-    best = dispatch_fit.portable_inputs("closed_loop_tail", {k: float(v[0]) for k, v in result.theta.items()})
-    i = int(np.argmin(result.loss[:, 0]))
-    chosen = list(itertools.product(*grid.values()))[i]
-    assert [best[k] for k in grid] == pytest.approx(list(chosen))
-    (kernel,) = spec.kernels  # one kernel: the problem's configurations are the training chips
-    again = [float(js.simulate(spec.arch, kernel, clk, warp_policy=spec.warp_policy, dispatch="closed_loop",
-                               ema_alpha=best["ema_alpha"], hold_margin=best["hold_margin"]).makespan_ns) / float(f)
-             for clk, f in zip(prep.train_clocks, prob.fluid_ns)]
-    assert np.mean(again) == pytest.approx(result.loss[i, 0], rel=1e-9)
-
-
 def _engine_spec(tmp_path, *, tolerance: str = "", sigma: str = "[0.0, 0.15]") -> str:
     (tmp_path / "small.toml").write_text(archio.dumps(ARCH))
     return (SPEC.replace('families = ["weighted", "closed_loop"]', 'families = ["closed_loop_tail"]')
@@ -248,44 +223,48 @@ def test_uniform_tolerance_errors_name_the_field(tmp_path, tolerance, sigma, mes
         dispatch_spec.loads(_engine_spec(tmp_path, tolerance=tolerance, sigma=sigma), base_dir=tmp_path)
 
 
-def test_engine_search_admits_only_candidates_near_hardware_on_uniform_chips(tmp_path, monkeypatch):
-    """With `uniform_tolerance`, theta is the lowest-loss candidate among those no more than the
-    tolerance slower than hardware dispatch on the uniform training chip (map 0, sigma 0): the
-    slowdowns checked against separate exact runs, the rule with slowdowns set so that it binds
-    (on this small chip the lowest-loss candidate is also the fastest on the uniform one); a
-    tolerance no candidate meets is an error."""
-    grid = {"ema_alpha": (0.25,), "hold_margin": (1 / 256, 1 / 8, 255 / 256)}
+def test_engine_search_picks_the_best_admitted_candidate_in_the_exact_engine(tmp_path, monkeypatch):
+    """`method = "engine"`: every candidate runs in the exact engine on the training chips (one
+    uniform, one at sigma 0.15); theta is the one with the lowest mean makespan over the fluid
+    bound among those no slower than hardware dispatch on the uniform chip (`uniform_tolerance =
+    0`), written back as logits (a grid of 2 x 3 candidates, for the suite's time). Losses and
+    slowdowns are checked against separate exact runs."""
+    grid = {"ema_alpha": (0.25, 0.5), "hold_margin": (1 / 32, 1 / 8, 1 / 2)}
     monkeypatch.setitem(dispatch_spec.ENGINE_GRID, "closed_loop_tail", grid)
     spec = dispatch_spec.loads(_engine_spec(tmp_path, tolerance="uniform_tolerance = 0.0"), base_dir=tmp_path)
     prep = dispatch_spec.prepare(spec)
     prob, _ = dispatch_spec.problem(spec, prep)
-    (kernel,), uniform = spec.kernels, prep.train_clocks[0]
+    (kernel,) = spec.kernels  # one kernel: the problem's configurations are the training chips
     assert spec.map_sigma(0) == 0.0 and spec.map_sigma(1) > 0
-
-    def makespan(**policy) -> float:
-        return float(js.simulate(spec.arch, kernel, uniform, warp_policy=spec.warp_policy, **policy).makespan_ns)
-
-    runs = np.array([[makespan(dispatch="closed_loop", ema_alpha=0.25, hold_margin=m)] for m in grid["hold_margin"]])
-    slower = runs[:, 0] / makespan(dispatch="hardware") - 1
-    wp = js.lower.WARP_POLICIES.index(spec.warp_policy)
-    assert dispatch_spec._slower_than_hardware(spec, prep, kernel, runs, [0], wp) == pytest.approx(slower, rel=1e-12)
     result = dispatch_spec.engine_search(spec, prep, prob, "closed_loop_tail")
+    candidates = list(itertools.product(*grid.values()))
+    assert result.loss.shape == (len(candidates), 1)
 
-    def chosen(result) -> float:
-        return dispatch_fit.portable_inputs("closed_loop_tail", {k: float(v[0]) for k, v in result.theta.items()})[
-            "hold_margin"]
+    def makespan(clk, **policy) -> float:
+        return float(js.simulate(spec.arch, kernel, clk, warp_policy=spec.warp_policy, **policy).makespan_ns)
 
-    assert chosen(result) == pytest.approx(grid["hold_margin"][int(np.argmin(np.where(slower <= 0, result.loss[:, 0],
-                                                                                      np.inf)))])
-    order = np.argsort(result.loss[:, 0])
-    forced = np.where(np.arange(3) == order[0], 0.01, 0.0)  # the lowest-loss candidate 1 % slower
-    monkeypatch.setattr(dispatch_spec, "_slower_than_hardware", lambda *args: forced)
-    assert chosen(dispatch_spec.engine_search(spec, prep, prob, "closed_loop_tail")) == pytest.approx(
-        grid["hold_margin"][order[1]])
-    monkeypatch.setattr(dispatch_spec, "_slower_than_hardware", lambda *args: np.full(3, 0.02))
-    with pytest.raises(js.JaxschedError, match=r"fit.uniform_tolerance = 0.0: a tolerance some closed_loop_tail "
-                                               r"candidate meets \(the closest is \+2.00 %"):
-        dispatch_spec.engine_search(spec, prep, prob, "closed_loop_tail")
+    uniform = np.array([[makespan(prep.train_clocks[0], dispatch="closed_loop", ema_alpha=a, hold_margin=m)]
+                        for a, m in candidates])  # [candidate, map 0]
+    slower = uniform[:, 0] / makespan(prep.train_clocks[0], dispatch="hardware") - 1
+    wp = js.lower.WARP_POLICIES.index(spec.warp_policy)
+    assert dispatch_spec._slower_than_hardware(spec, prep, kernel, uniform, [0], wp) == pytest.approx(slower,
+                                                                                                     rel=1e-12)
+    best = dispatch_fit.portable_inputs("closed_loop_tail", {k: float(v[0]) for k, v in result.theta.items()})
+    i = dispatch_spec.best_admitted(result.loss[:, 0], slower, 0.0, "closed_loop_tail")
+    assert [best[k] for k in grid] == pytest.approx(list(candidates[i]))
+    again = [makespan(clk, dispatch="closed_loop", ema_alpha=best["ema_alpha"], hold_margin=best["hold_margin"])
+             for clk in prep.train_clocks]
+    assert np.mean(np.asarray(again) / np.asarray(prob.fluid_ns)) == pytest.approx(result.loss[i, 0], rel=1e-9)
+
+
+def test_best_admitted_skips_candidates_slower_than_the_tolerance():
+    loss, slower = np.array([1.10, 1.05, 1.20]), np.array([0.0, 0.01, -0.02])
+    assert dispatch_spec.best_admitted(loss, slower, None, "f") == 1  # no tolerance: the lowest loss
+    assert dispatch_spec.best_admitted(loss, slower, 0.005, "f") == 0  # the lowest loss is 1 % slower
+    assert dispatch_spec.best_admitted(loss, slower, 0.01, "f") == 1  # at the tolerance: admitted
+    with pytest.raises(js.JaxschedError, match=r"fit.uniform_tolerance = 0.0: a tolerance some f candidate meets "
+                                               r"\(the closest is \+1.00 %"):
+        dispatch_spec.best_admitted(loss, slower + 0.03, 0.0, "f")
 
 
 @pytest.mark.slow

@@ -427,22 +427,28 @@ def engine_search(spec: DispatchSpec, prep: Prepared, prob: df.Problem, family: 
                                                      n_m))
         makespan[:, :, ki] = np.asarray(result.makespan_ns, np.float64).reshape(n_c, n_m)
     loss = (makespan / fluid).mean(axis=(1, 2))
-    admitted = np.ones(n_c, bool)
-    tol = spec.fit["uniform_tolerance"]
+    tol, slower = spec.fit["uniform_tolerance"], np.zeros(n_c)
     if tol is not None:
         uniform = [i for i in range(n_m) if spec.map_sigma(i) == 0]
         slower = np.stack([_slower_than_hardware(spec, prep, kernel, makespan[:, :, ki], uniform, wp)
-                           for ki, kernel in enumerate(spec.kernels)], axis=-1).max(axis=-1)  # [candidate]
-        admitted = slower <= tol
-        check(bool(admitted.any()), "fit.uniform_tolerance", tol,
-              f"a tolerance some {family} candidate meets (the closest is {100 * slower.min():+.2f} % "
-              "against hardware dispatch on a uniform training chip)")
-    best = candidates[int(np.argmin(np.where(admitted, loss, np.inf)))]
+                           for ki, kernel in enumerate(spec.kernels)], axis=-1).max(axis=-1)
+    best = candidates[best_admitted(loss, slower, tol, family)]
     theta = {"alpha_logit": df.logit(best["ema_alpha"]), "margin_logit": df.logit(best["hold_margin"])}
     if "hold_noise" in best:
         theta["noise_logit"] = df.logit(best["hold_noise"] / MAX_HOLD_NOISE)
     return df.FitResult(family=family, theta={k: np.asarray([v], np.float64) for k, v in theta.items()},
                         loss=loss[:, None])
+
+
+def best_admitted(loss: np.ndarray, slower: np.ndarray, tolerance: float | None, family: str) -> int:
+    """The index of the lowest-`loss` candidate among those whose slowdown against hardware
+    dispatch on the uniform training chips, `slower` [candidate], is at most `tolerance` (every
+    candidate without one); an error if none is."""
+    admitted = np.ones(len(loss), bool) if tolerance is None else slower <= tolerance
+    check(bool(admitted.any()), "fit.uniform_tolerance", tolerance,
+          f"a tolerance some {family} candidate meets (the closest is {100 * slower.min():+.2f} % "
+          "against hardware dispatch on a uniform training chip)")
+    return int(np.argmin(np.where(admitted, loss, np.inf)))
 
 
 def _slower_than_hardware(spec: DispatchSpec, prep: Prepared, kernel: Kernel, makespan_ns: np.ndarray,
