@@ -61,8 +61,8 @@ def policies_by_parameters(ds):
     if not dims:
         return ds
     parts, labels = [], []
+    combos = list(itertools.product(*(ds[d].values for d in dims)))
     for policy in (str(p) for p in ds.policy_dispatch.values):
-        combos = list(itertools.product(*(ds[d].values for d in dims)))
         for combo in combos[:1] if policy == "hardware" else combos:
             parts.append(ds.sel(policy_dispatch=policy, **dict(zip(dims, combo))).drop_vars(dims + ["policy_dispatch"]))
             values = ", ".join(f"{d.removeprefix('policy_')} {v:g}" for d, v in zip(dims, combo))

@@ -191,8 +191,7 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Disp
     if tol is not None:
         check(_is_real(tol) and 0 <= tol < 1, f"{source}: fit.uniform_tolerance", tol, "a number in [0, 1)")
         check(fit["method"] == "engine", f"{source}: fit.uniform_tolerance", tol, 'set only with fit.method = "engine"')
-        uniform = any(sigmas[i % len(sigmas)] == 0 for i in range(clk["train_maps"]))
-        check(uniform, f"{source}: fit.uniform_tolerance", tol,
+        check(0 in sigmas[: clk["train_maps"]], f"{source}: fit.uniform_tolerance", tol,  # map i: sigma[i % len]
               "set only where a training map is uniform (a clocks.sigma of 0 among the first train_maps)")
         fit["uniform_tolerance"] = float(tol)
     return DispatchSpec(title=str(doc.get("title", source)), text=text, arch=arch, warp_policy=warp,
