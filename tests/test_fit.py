@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +14,7 @@ import xarray as xr
 from helpers import small_arch
 
 import jaxsched as js
-from jaxsched import archio, fitted_policy, trace
+from jaxsched import archio, bounds, fitted_policy, trace
 from jaxsched import surrogate as sg
 from jaxsched.cli import main
 from jaxsched.surrogate import dispatch_fit, dispatch_spec, speeds
@@ -199,6 +200,7 @@ steps = 2
     ("steps = 2", 'steps = 2\nmethod = "engine"', "families = 'weighted'"),
     ("sigma = 0.15", 'sigma = "wide"', "clocks.sigma = 'wide'"),
     ("steps = 2", 'steps = 2\nuniform_tolerance = 0.005', 'fit.uniform_tolerance = 0.005: set only with fit.method'),
+    ("steps = 2", 'steps = 2\nobjective = "recovered"', "fit.objective = 'recovered': set only with fit.method"),
 ])
 def test_dispatch_spec_errors_name_the_field(tmp_path, old, new, field):
     (tmp_path / "small.toml").write_text(archio.dumps(ARCH))
@@ -207,11 +209,11 @@ def test_dispatch_spec_errors_name_the_field(tmp_path, old, new, field):
         dispatch_spec.loads(SPEC.replace(old, new), base_dir=tmp_path)
 
 
-def _engine_spec(tmp_path, *, tolerance: str = "", sigma: str = "[0.0, 0.15]") -> str:
+def _engine_spec(tmp_path, *, fit_lines: str = "", sigma: str = "[0.0, 0.15]") -> str:
     (tmp_path / "small.toml").write_text(archio.dumps(ARCH))
     return (SPEC.replace('families = ["weighted", "closed_loop"]', 'families = ["closed_loop_tail"]')
             .replace("sigma = 0.15", f"sigma = {sigma}")
-            .replace("steps = 2", f'steps = 2\nmethod = "engine"\n{tolerance}'))
+            .replace("steps = 2", f'steps = 2\nmethod = "engine"\n{fit_lines}'))
 
 
 @pytest.mark.parametrize("tolerance, sigma, message", [
@@ -220,7 +222,16 @@ def _engine_spec(tmp_path, *, tolerance: str = "", sigma: str = "[0.0, 0.15]") -
 ])
 def test_uniform_tolerance_errors_name_the_field(tmp_path, tolerance, sigma, message):
     with pytest.raises(js.JaxschedError, match=f"fit.uniform_tolerance = {message}"):
-        dispatch_spec.loads(_engine_spec(tmp_path, tolerance=tolerance, sigma=sigma), base_dir=tmp_path)
+        dispatch_spec.loads(_engine_spec(tmp_path, fit_lines=tolerance, sigma=sigma), base_dir=tmp_path)
+
+
+@pytest.mark.parametrize("objective, sigma, message", [
+    ('objective = "fastest"', "[0.0, 0.15]", "'fastest': one of ('fluid', 'recovered')"),
+    ('objective = "recovered"', "0.0", "'recovered': set only where a training map is unequal"),
+])
+def test_objective_errors_name_the_field(tmp_path, objective, sigma, message):
+    with pytest.raises(js.JaxschedError, match=re.escape(f"fit.objective = {message}")):
+        dispatch_spec.loads(_engine_spec(tmp_path, fit_lines=objective, sigma=sigma), base_dir=tmp_path)
 
 
 def test_engine_search_picks_the_best_admitted_candidate_in_the_exact_engine(tmp_path, monkeypatch):
@@ -231,7 +242,7 @@ def test_engine_search_picks_the_best_admitted_candidate_in_the_exact_engine(tmp
     slowdowns are checked against separate exact runs."""
     grid = {"ema_alpha": (0.25, 0.5), "hold_margin": (1 / 32, 1 / 8, 1 / 2)}
     monkeypatch.setitem(dispatch_spec.ENGINE_GRID, "closed_loop_tail", grid)
-    spec = dispatch_spec.loads(_engine_spec(tmp_path, tolerance="uniform_tolerance = 0.0"), base_dir=tmp_path)
+    spec = dispatch_spec.loads(_engine_spec(tmp_path, fit_lines="uniform_tolerance = 0.0"), base_dir=tmp_path)
     prep = dispatch_spec.prepare(spec)
     prob, _ = dispatch_spec.problem(spec, prep)
     (kernel,) = spec.kernels  # one kernel: the problem's configurations are the training chips
@@ -246,15 +257,30 @@ def test_engine_search_picks_the_best_admitted_candidate_in_the_exact_engine(tmp
     uniform = np.array([[makespan(prep.train_clocks[0], dispatch="closed_loop", ema_alpha=a, hold_margin=m)]
                         for a, m in candidates])  # [candidate, map 0]
     slower = uniform[:, 0] / makespan(prep.train_clocks[0], dispatch="hardware") - 1
-    wp = js.lower.WARP_POLICIES.index(spec.warp_policy)
-    assert dispatch_spec._slower_than_hardware(spec, prep, kernel, uniform, [0], wp) == pytest.approx(slower,
-                                                                                                     rel=1e-12)
     best = dispatch_fit.portable_inputs("closed_loop_tail", {k: float(v[0]) for k, v in result.theta.items()})
     i = dispatch_spec.best_admitted(result.loss[:, 0], slower, 0.0, "closed_loop_tail")
     assert [best[k] for k in grid] == pytest.approx(list(candidates[i]))
     again = [makespan(clk, dispatch="closed_loop", ema_alpha=best["ema_alpha"], hold_margin=best["hold_margin"])
              for clk in prep.train_clocks]
     assert np.mean(np.asarray(again) / np.asarray(prob.fluid_ns)) == pytest.approx(result.loss[i, 0], rel=1e-9)
+
+
+def test_recovered_objective_is_minus_the_mean_share_on_unequal_chips(tmp_path):
+    """`objective = "recovered"`: a candidate as fast as hardware dispatch scores 0, one halfway to
+    the clairvoyant schedule (with the CTA launch latency) -0.5; the uniform training chip (map 0)
+    counts for nothing, whatever the candidate's makespan there."""
+    spec = dispatch_spec.loads(_engine_spec(tmp_path, fit_lines='objective = "recovered"'), base_dir=tmp_path)
+    prep = dispatch_spec.prepare(spec)
+    prob, _ = dispatch_spec.problem(spec, prep)
+    clk = prep.train_clocks[1]
+    clairvoyant = float(bounds.clairvoyant_ns(prep.works_bound[0], clk.sm_freq_mhz, float(spec.arch.cta_launch_ns)))
+    hardware = np.array([[1.0], [1.2 * clairvoyant]])  # [map, kernel]; map 0 is uniform
+    makespan = np.stack([hardware, hardware - 0.5 * (hardware - clairvoyant)])
+    makespan[:, 0] = 1e9
+    loss = dispatch_spec.engine_loss(spec, prep, prob, makespan, hardware)
+    np.testing.assert_allclose(loss, [0.0, -0.5], atol=1e-9)
+    with pytest.raises(js.JaxschedError, match="fit.objective = 'recovered': training chips where hardware"):
+        dispatch_spec.engine_loss(spec, prep, prob, makespan, np.array([[1.0], [0.9 * clairvoyant]]))
 
 
 def test_best_admitted_skips_candidates_slower_than_the_tolerance():

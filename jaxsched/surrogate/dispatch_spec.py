@@ -26,6 +26,9 @@ Spec (TOML; see `sweeps/fit_dispatch.toml` and docs/surrogate.md):
     uniform_tolerance = 0.005      # "engine" only, optional: admit only candidates at most this
                                    # much slower than hardware dispatch on every uniform (sigma 0)
                                    # training chip and kernel
+    objective = "fluid"            # "engine" only: rank candidates by mean makespan / fluid bound,
+                                   # or "recovered": by their mean share of hardware dispatch's gap
+                                   # to the clairvoyant schedule on the unequal training chips
 
 Train map `i` draws its clocks from seed `seed * 1_000_003 + i`, test map `j` from
 `seed * 1_000_003 + 500_000 + j`: the two sets never share a chip.
@@ -66,10 +69,12 @@ _TOP = ("title", "arch", "warp_policy", "seed", "families", "kernels", "clocks",
 _CLOCKS = {"model": "gaussian", "mean_ghz": 1.8, "sigma": 0.1, "sigma_die": 0.0, "corr_length_mm": None,
            "ir_drop": False, "train_maps": 8, "test_maps": 8}
 _FIT = {"steps": 40, "learning_rate": 0.1, "temperature": 0.05, "per_chip": False, "method": "surrogate",
-        "uniform_tolerance": None}
+        "uniform_tolerance": None, "objective": "fluid"}
 # How `theta` is fitted: Adam through the soft surrogate, or the best of `ENGINE_GRID` in the exact
 # engine on the training chips (families in `ENGINE_GRID` only, one theta for every chip).
 METHODS = ("surrogate", "engine")
+# What `method = "engine"` minimises over the candidates (`engine_search`).
+OBJECTIVES = ("fluid", "recovered")
 # The candidates of `method = "engine"`: every combination of these EMA smoothings, hold margins
 # (1/256: the engine's smallest above 0; 255/256: practically never hold) and, for
 # `closed_loop_noise`, deviations in the margin (at least 1/4: a weight of 0 is the tail family).
@@ -194,6 +199,12 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Disp
         check(0 in sigmas[: clk["train_maps"]], f"{source}: fit.uniform_tolerance", tol,  # map i: sigma[i % len]
               "set only where a training map is uniform (a clocks.sigma of 0 among the first train_maps)")
         fit["uniform_tolerance"] = float(tol)
+    objective = fit["objective"]
+    check(objective in OBJECTIVES, f"{source}: fit.objective", objective, f"one of {OBJECTIVES}")
+    if objective == "recovered":
+        check(fit["method"] == "engine", f"{source}: fit.objective", objective, 'set only with fit.method = "engine"')
+        check(any(s > 0 for s in sigmas[: clk["train_maps"]]), f"{source}: fit.objective", objective,
+              "set only where a training map is unequal (a clocks.sigma > 0 among the first train_maps)")
     return DispatchSpec(title=str(doc.get("title", source)), text=text, arch=arch, warp_policy=warp,
                         seed=seed, families=families, kernels=kernels, clocks=clk, fit=fit)
 
@@ -367,8 +378,13 @@ def fit_dataset(spec: DispatchSpec, fits: dict[str, df.FitResult], evaluation: x
         for name, value in r.theta.items():
             data[f"{fam}_{name}"] = ("chip", np.pad(value, (0, n_groups - len(value)), constant_values=np.nan),
                                      {"long_name": f"learned {name} of the {fam} family"})
-    what = ("mean exact-engine makespan / fluid bound of each candidate (step: candidate)"
-            if spec.fit["method"] == "engine" else "mean surrogate makespan / fluid bound (soft)")
+    if spec.fit["method"] != "engine":
+        what = "mean surrogate makespan / fluid bound (soft)"
+    elif spec.fit["objective"] == "fluid":
+        what = "mean exact-engine makespan / fluid bound of each candidate (step: candidate)"
+    else:
+        what = ("minus the mean recovered share of hardware dispatch's gap to the clairvoyant schedule on the "
+                "unequal training chips, of each candidate (step: candidate)")
     data["loss"] = (("family", "step", "chip"), loss, {"long_name": what, "units": "1"})
     ds = xr.Dataset(data, coords={"family": list(fits), "step": np.arange(steps), "chip": np.arange(n_groups)})
     out = xr.merge([ds, evaluation])
@@ -378,7 +394,7 @@ def fit_dataset(spec: DispatchSpec, fits: dict[str, df.FitResult], evaluation: x
                  "method": spec.fit["method"],
                  "uniform_tolerance": "none" if spec.fit["uniform_tolerance"] is None
                  else float(spec.fit["uniform_tolerance"]),
-                 "spec": spec.text}
+                 "objective": spec.fit["objective"], "spec": spec.text}
     return out
 
 
@@ -402,41 +418,65 @@ def policy_files(ds: xr.Dataset) -> dict[str, str]:
 
 
 def engine_search(spec: DispatchSpec, prep: Prepared, prob: df.Problem, family: str) -> df.FitResult:
-    """`method = "engine"`: every candidate of `ENGINE_GRID[family]` in the exact engine on every
-    training chip and kernel; `theta` is the candidate with the lowest mean makespan over the
-    fluid bound (the surrogate fit's objective, measured exactly). With `fit.uniform_tolerance`
-    only candidates at most that much slower than hardware dispatch on every uniform training
-    chip and kernel are admitted: a mean over chips would otherwise trade a loss on uniform chips
-    for gains on unequal ones. The loss curve holds every candidate's, in grid order (`step`
-    indexes the candidates)."""
+    """`method = "engine"`: every candidate of `ENGINE_GRID[family]`, and hardware dispatch, in the
+    exact engine on every training chip and kernel; `theta` is the candidate with the lowest loss
+    (`engine_loss`: by `fit.objective`). With `fit.uniform_tolerance` only candidates at most that
+    much slower than hardware dispatch on every uniform training chip and kernel are admitted: a
+    mean over chips would otherwise trade a loss on uniform chips for gains on unequal ones. The
+    loss curve holds every candidate's, in grid order (`step` indexes the candidates)."""
     grid = ENGINE_GRID[family]
     candidates = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
     wp = WARP_POLICIES.index(spec.warp_policy)
     n_k, n_m, n_c = len(spec.kernels), len(prep.train_clocks), len(candidates)
-    makespan = np.zeros((n_c, n_m, n_k))
-    fluid = np.asarray(prob.fluid_ns, np.float64).reshape(n_m, n_k)  # map-major, as `problem` stacks them
+    makespan, hardware = np.zeros((n_c, n_m, n_k)), np.zeros((n_m, n_k))
+    policy = ([DISPATCH_POLICIES.index(df.ENGINE_POLICY[family])] * (n_c * n_m)
+              + [DISPATCH_POLICIES.index("hardware")] * n_m)
+    with_hardware = lambda values: np.concatenate([np.repeat(values, n_m), np.zeros(n_m)])  # hardware reads none
     for ki, kernel in enumerate(spec.kernels):
-        n = n_c * n_m
-        result = simulate_batch([spec.arch] * n, [kernel] * n, list(prep.train_clocks) * n_c, [wp] * n,
-                                [DISPATCH_POLICIES.index(df.ENGINE_POLICY[family])] * n, [0] * n,
-                                ema_alpha=np.repeat([c["ema_alpha"] for c in candidates], n_m),
+        n = (n_c + 1) * n_m  # the candidates, map-minor, then hardware dispatch on every map
+        result = simulate_batch([spec.arch] * n, [kernel] * n, list(prep.train_clocks) * (n_c + 1), [wp] * n,
+                                policy, [0] * n,
+                                ema_alpha=with_hardware([c["ema_alpha"] for c in candidates]),
                                 ema_prior_ns=DEFAULT_EMA_PRIOR_NS,
-                                hold_margin=np.repeat([c["hold_margin"] for c in candidates], n_m),
-                                hold_noise=np.repeat([c.get("hold_noise", DEFAULT_HOLD_NOISE) for c in candidates],
-                                                     n_m))
-        makespan[:, :, ki] = np.asarray(result.makespan_ns, np.float64).reshape(n_c, n_m)
-    loss = (makespan / fluid).mean(axis=(1, 2))
+                                hold_margin=with_hardware([c["hold_margin"] for c in candidates]),
+                                hold_noise=with_hardware([c.get("hold_noise", DEFAULT_HOLD_NOISE) for c in candidates]))
+        ns = np.asarray(result.makespan_ns, np.float64).reshape(n_c + 1, n_m)
+        makespan[:, :, ki], hardware[:, ki] = ns[:n_c], ns[n_c]
+    loss = engine_loss(spec, prep, prob, makespan, hardware)
     tol, slower = spec.fit["uniform_tolerance"], np.zeros(n_c)
     if tol is not None:
         uniform = [i for i in range(n_m) if spec.map_sigma(i) == 0]
-        slower = np.stack([_slower_than_hardware(spec, prep, kernel, makespan[:, :, ki], uniform, wp)
-                           for ki, kernel in enumerate(spec.kernels)], axis=-1).max(axis=-1)
+        slower = (makespan[:, uniform] / hardware[uniform] - 1.0).max(axis=(1, 2))
     best = candidates[best_admitted(loss, slower, tol, family)]
     theta = {"alpha_logit": df.logit(best["ema_alpha"]), "margin_logit": df.logit(best["hold_margin"])}
     if "hold_noise" in best:
         theta["noise_logit"] = df.logit(best["hold_noise"] / MAX_HOLD_NOISE)
     return df.FitResult(family=family, theta={k: np.asarray([v], np.float64) for k, v in theta.items()},
                         loss=loss[:, None])
+
+
+def engine_loss(spec: DispatchSpec, prep: Prepared, prob: df.Problem, makespan_ns: np.ndarray,
+                hardware_ns: np.ndarray) -> np.ndarray:
+    """[candidate] the loss `engine_search` minimises, from the candidates' exact makespans
+    `makespan_ns` [candidate, train map, kernel] and hardware dispatch's `hardware_ns` [train map,
+    kernel]. `fit.objective = "fluid"`: the mean makespan over the fluid bound (the surrogate
+    fit's objective, measured exactly). `"recovered"`: minus the mean share of hardware dispatch's
+    gap to the clairvoyant schedule a candidate wins back (`bounds.recovered`) over the unequal
+    (sigma > 0) training chips and kernels, the schedule with the architecture's CTA launch
+    latency between a slot's CTAs (as experiments/die_scaling_report.py reports it); a chip
+    where hardware dispatch is not above that schedule counts for no candidate."""
+    n_m, n_k = hardware_ns.shape
+    if spec.fit["objective"] == "fluid":
+        fluid = np.asarray(prob.fluid_ns, np.float64).reshape(n_m, n_k)  # map-major, as `problem` stacks them
+        return (makespan_ns / fluid).mean(axis=(1, 2))
+    unequal = [i for i in range(n_m) if spec.map_sigma(i) > 0]
+    launch_ns = float(spec.arch.cta_launch_ns)
+    clairvoyant = np.asarray([[float(bounds.clairvoyant_ns(work, jnp.asarray(_mhz(prep.train_clocks[i])), launch_ns))
+                               for work in prep.works_bound] for i in unequal])
+    shares = bounds.recovered(hardware_ns[unequal], makespan_ns[:, unequal], clairvoyant)
+    check(bool(np.isfinite(shares).any()), "fit.objective", "recovered",
+          "training chips where hardware dispatch is above the clairvoyant schedule (none is)")
+    return -np.nanmean(shares, axis=(1, 2))
 
 
 def best_admitted(loss: np.ndarray, slower: np.ndarray, tolerance: float | None, family: str) -> int:
@@ -448,17 +488,6 @@ def best_admitted(loss: np.ndarray, slower: np.ndarray, tolerance: float | None,
           f"a tolerance some {family} candidate meets (the closest is {100 * slower.min():+.2f} % "
           "against hardware dispatch on a uniform training chip)")
     return int(np.argmin(np.where(admitted, loss, np.inf)))
-
-
-def _slower_than_hardware(spec: DispatchSpec, prep: Prepared, kernel: Kernel, makespan_ns: np.ndarray,
-                          maps: list[int], wp: int) -> np.ndarray:
-    """[candidate] the largest relative slowdown of each candidate's `makespan_ns` [candidate,
-    map] against hardware dispatch on the training maps `maps`, for one kernel."""
-    n = len(maps)
-    hardware = simulate_batch([spec.arch] * n, [kernel] * n, [prep.train_clocks[i] for i in maps], [wp] * n,
-                              [DISPATCH_POLICIES.index("hardware")] * n, [0] * n)
-    hw_ns = np.asarray(hardware.makespan_ns, np.float64)
-    return (makespan_ns[:, maps] / hw_ns - 1.0).max(axis=1)
 
 
 def run(spec: DispatchSpec, progress: Callable[[str], None] | None = None) -> xr.Dataset:
