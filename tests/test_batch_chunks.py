@@ -13,6 +13,7 @@ from helpers import small_arch
 
 import jaxsched as js
 from jaxsched import clocks
+from jaxsched.engine.mechanics.devices import WAIT_FLAGS
 from jaxsched.errors import JaxschedError
 
 PROGRAM = "loop 3 cta_spread=2\n ldg bytes=128\n fma dep\nend\nbar\n"
@@ -59,6 +60,20 @@ def test_host_cores_become_cpu_devices():
     assert _in_fresh_process({"JAXSCHED_CPU_DEVICES": "3"}) == "3"
     assert _in_fresh_process({"XLA_FLAGS": "--xla_force_host_platform_device_count=5"}) == "5"  # the user's choice
     assert "JAXSCHED_CPU_DEVICES = 'none': a count of CPU devices" in _in_fresh_process({"JAXSCHED_CPU_DEVICES": "none"})
+
+
+def test_host_cores_wait_for_each_other_without_a_deadline():
+    """With several CPU devices `use_host_cores` lifts XLA's 60 s limit on a device's wait at a
+    collective (a device whose share runs longer is not stuck; XLA aborted the process), XLA
+    accepts the flags, and a limit the user set is kept. (The abort itself takes a minute to
+    show: checked by hand with one device's share sleeping 75 s.)"""
+    code = ("import os, jaxsched, jax, jax.numpy as jnp; jaxsched.use_host_cores(); "
+            "print(int(jnp.arange(4).sum()), os.environ['XLA_FLAGS'])")
+    out = _in_fresh_process({"JAXSCHED_CPU_DEVICES": "2"}, code)
+    assert out == "6 " + " ".join(WAIT_FLAGS)
+    mine = "--xla_cpu_collective_call_terminate_timeout_seconds=600"
+    out = _in_fresh_process({"JAXSCHED_CPU_DEVICES": "2", "XLA_FLAGS": mine}, code)
+    assert out == f"6 {mine} {WAIT_FLAGS[0]}"
 
 
 @pytest.mark.parametrize("chunk", [0, -1, 2.5])

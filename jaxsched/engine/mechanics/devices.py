@@ -22,6 +22,11 @@ from ...errors import check
 
 ENV = "JAXSCHED_CPU_DEVICES"  # CPU devices to expose (default: the cores this process may use)
 AXIS = "config"
+# XLA's CPU devices meet at their collectives (the sharded batch's result) and, by default, abort
+# the process when one waits 60 s for another (20 s to the warning, then 40 s). A device whose
+# share of the batch runs minutes longer is not stuck: waits are unbounded instead.
+WAIT_FLAGS = ("--xla_cpu_collective_call_warn_stuck_timeout_seconds=86400",
+              "--xla_cpu_collective_call_terminate_timeout_seconds=86400")
 
 
 def use_host_cores() -> None:
@@ -29,7 +34,9 @@ def use_host_cores() -> None:
     backends already started or the user chose a count (`jax_num_cpu_devices`,
     `--xla_force_host_platform_device_count`). JAX reads the count once, when it starts, so call
     it before anything runs on JAX; the command line does, before `run`, `sweep` and `fit`
-    (importing jaxsched changes nothing in JAX's configuration)."""
+    (importing jaxsched changes nothing in JAX's configuration). With the devices it sets
+    `WAIT_FLAGS` in `XLA_FLAGS`, unless they are there: XLA reads them when its CPU client starts.
+    A caller that makes several CPU devices itself needs them too."""
     chosen = jax.config.jax_num_cpu_devices >= 0 or "xla_force_host_platform_device_count" in os.environ.get(
         "XLA_FLAGS", "")
     if chosen:
@@ -43,7 +50,9 @@ def use_host_cores() -> None:
     try:
         jax.config.update("jax_num_cpu_devices", count)
     except RuntimeError:  # JAX's backends already started: it keeps the devices it has
-        pass
+        return
+    flags = os.environ.get("XLA_FLAGS", "")
+    os.environ["XLA_FLAGS"] = " ".join([flags, *(f for f in WAIT_FLAGS if f.split("=")[0] not in flags)]).strip()
 
 
 def default_devices() -> list:
