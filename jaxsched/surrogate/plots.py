@@ -57,8 +57,8 @@ def speeds(ds: xr.Dataset, out: str | Path) -> Path:
 
 
 def dispatch(ds: xr.Dataset, out: str | Path) -> Path:
-    """Loss curves per family (per candidate with `method = "engine"`); mean exact-engine gap to the fluid bound per kernel and policy,
-    with the uniform-equivalent chip's gap as a marker."""
+    """Loss curves per family (per candidate with `method = "engine"`); mean exact-engine gap to
+    the fluid bound per kernel and policy, with the uniform-equivalent chip's gap as a marker."""
     fig, (ax_loss, ax) = plt.subplots(1, 2, figsize=(12, 4.2), gridspec_kw={"width_ratios": [1, 1.6]})
     for fam in ds["family"].values:
         curve = ds["loss"].sel(family=fam).mean("chip")
