@@ -19,7 +19,7 @@ from jaxsched.kernel import MAX_DEP_SLOTS, make_kernel, pad_program
 from jaxsched.lower import DISPATCH_POLICIES, WARP_POLICIES
 
 N_INSTR = 16  # programs are padded to this length so one compilation serves every example
-STRUCTURED_LOOPS = STRUCTURED_BRANCHES = 4  # structured programs pad to these; `simulate_padded` pads every program
+STRUCTURED_LOOPS = STRUCTURED_BRANCHES = 4  # structured programs pad to these (a second compilation)
 MAX_GRID = 48
 
 # Hypothesis examples per differential test scale with JAXSCHED_TEST_DEPTH (default 1, what CI
@@ -263,10 +263,11 @@ def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: st
                     max_ticks: int = MAX_TICKS) -> Result:
     """`simulate` with `reference.simulate`'s arguments, as one configuration of a batch padded to
     the largest static sizes the strategies draw (every CTA slot of the chip, `MAX_GRID` CTAs,
-    the structured programs' loops and branches, data tables, the DVFS step and the closed loop's
-    learning compiled in): a kernel's sizes otherwise follow its occupancy, grid and structure,
-    and every hypothesis example would compile anew. Fast-forward is compiled in where the
-    kernel may use it, as in a plain run, so that both forms of the engine meet the reference. A larger grid pads
+    data tables, the DVFS step and the closed loop's learning compiled in): a kernel's sizes
+    otherwise follow its occupancy and grid, and every hypothesis example would compile anew.
+    Fast-forward (where the kernel may use it) and the loop tables (one loop, or the structured
+    programs' `STRUCTURED_LOOPS`) follow the kernel as in a plain run: each selects a form of
+    the engine, and every form must meet the reference. A larger grid pads
     to its power of two, so that the few examples with one share a handful of compilations."""
     grid = sum(int(k.grid_ctas) for k in kernel.kernels) if isinstance(kernel, js.Workload) else int(kernel.grid_ctas)
     grid = MAX_GRID if grid <= MAX_GRID else 1 << (grid - 1).bit_length()
@@ -276,8 +277,7 @@ def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: st
                            hold_noise=hold_noise, dvfs=[dvfs],
                            trace_len=trace_len,
                            dvfs_step=True, closed_loop_step=True, cta_slots=int(arch.max_blocks_per_sm),
-                           max_ctas=grid, dep_slots=MAX_DEP_SLOTS, loops=STRUCTURED_LOOPS,
-                           branches=STRUCTURED_BRANCHES, data_tables=True, max_ticks=max_ticks)
+                           max_ctas=grid, dep_slots=MAX_DEP_SLOTS, data_tables=True, max_ticks=max_ticks)
     return jax.tree.map(lambda x: x[0], batch)
 
 

@@ -11,11 +11,10 @@ from hypothesis import strategies as st
 from jaxsched import clocks, reference
 from jaxsched.engine.run import MAX_TICKS, simulate_batch
 from jaxsched.errors import JaxschedError
-from jaxsched.kernel import MAX_DEP_SLOTS, make_kernel
+from jaxsched.kernel import make_kernel
 from jaxsched.lower import WARP_POLICIES
 
-from helpers import (configurations, examples, MAX_GRID, simulate_padded, small_arch, STRUCTURED_BRANCHES,
-                     STRUCTURED_LOOPS)
+from helpers import configurations, examples, MAX_GRID, simulate_padded, small_arch
 
 INT_KEYS = ("sm_cycles", "sm_busy_cycles", "sm_issued", "sm_issued_op", "sm_active_lanes", "sm_warp_cycles",
             "sm_stalls", "sm_ctas")
@@ -98,10 +97,6 @@ def test_batch_equals_single(cfgs: list[dict]) -> None:
         closed_loop_step=True,
         cta_slots=int(members[0]["arch"].max_blocks_per_sm),
         max_ctas=MAX_GRID,
-        dep_slots=MAX_DEP_SLOTS,
-        loops=STRUCTURED_LOOPS,
-        branches=STRUCTURED_BRANCHES,
-        data_tables=True,
     )
     refs = [ref for _, ref in good] + [good[0][1]] * (_BATCH - len(good))
     for i, ref in enumerate(refs):

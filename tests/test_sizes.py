@@ -1,7 +1,7 @@
 """Compiled sizes (engine/mechanics/sizes.py): kernels that differ in grid size within one bucket,
 program length within one multiple of 8, or name share one compilation, and each gets its own
-exact results, its per-CTA trace cut back to its own grid; sizes a batch is asked to pad to
-change no result, and sizes below its programs' needs are refused."""
+exact results, its per-CTA trace cut back to its own grid; data tables compiled in on request
+change no result, and left out of a kernel that reads data are refused."""
 
 import numpy as np
 import pytest
@@ -51,22 +51,20 @@ def test_trace_buckets_are_quarter_octaves(n, bucket):
     assert n <= bucket < 1.25 * n or bucket == n
 
 
-def test_structure_and_data_tables_padded_beyond_the_program_change_no_result():
-    """`simulate_batch(loops=, branches=, data_tables=)` size the loop and branch tables and
-    compile in data tables beyond what the programs need (as tests do, so that one compilation
-    serves programs of every structure): the results stay the program's own."""
+def test_data_tables_compiled_in_for_a_kernel_without_data_change_no_result():
+    """`simulate_batch(data_tables=True)` compiles in data tables a kernel does not read (as the
+    differential tests do, so that kernels with and without data share a compilation): the
+    results stay the kernel's own."""
     arch = small_arch(2)
     clk = js.clocks.from_array(arch, np.linspace(900, 1900, arch.n_sm_slots))
     kernel = js.make_kernel(PROGRAMS[0], grid=20, threads=96, regs=32)
-    padded = js.simulate_batch([arch], [kernel], [clk], [0], [0], [0], loops=4, branches=3, data_tables=True)
+    padded = js.simulate_batch([arch], [kernel], [clk], [0], [0], [0], data_tables=True)
     assert_same(padded, reference.simulate(arch=arch, kernel=kernel, clocks=clk, warp_policy=WARP_POLICIES[0]),
                 index=0)
 
 
-@pytest.mark.parametrize("sizes, field", [(dict(loops=0), "loops"), (dict(branches=33), "branches"),
-                                          (dict(data_tables=False), "data_tables")])
-def test_sizes_below_the_programs_needs_are_refused(sizes, field):
+def test_data_tables_left_out_of_a_kernel_that_reads_data_are_refused():
     arch = small_arch(2)
     kernel = js.make_kernel("loop @work\n fma dep\nend", grid=4, threads=32, arrays={"work": np.full((4, 1), 3)})
-    with pytest.raises(js.JaxschedError, match=f"^{field} = "):
-        js.simulate_batch([arch], [kernel], [js.clocks.uniform(arch)], [0], [0], [0], **sizes)
+    with pytest.raises(js.JaxschedError, match="^data_tables = False: True: a program of the batch reads data"):
+        js.simulate_batch([arch], [kernel], [js.clocks.uniform(arch)], [0], [0], [0], data_tables=False)

@@ -30,7 +30,6 @@ from ..params import Params, checked, make_params
 from ..policies import (DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_FAST_FORWARD, DEFAULT_HOLD_MARGIN,
                         DEFAULT_HOLD_NOISE, DEFAULT_TRACE_LEN, DISPATCH_POLICIES, WARP_POLICIES)
 from ..stacking import stack
-from ..structure import MAX_BRANCHES, MAX_LOOPS
 from ..workload import Workload
 from .configure import engine_params, lower_config
 from .dispatch_policies import ESTIMATE_POLICIES
@@ -240,8 +239,6 @@ def simulate_batch(
     cta_slots: int | None = None,
     max_ctas: int | None = None,
     dep_slots: int | None = None,
-    loops: int | None = None,
-    branches: int | None = None,
     data_tables: bool | None = None,
     chunk: int | None = None,
     devices: Sequence | None = None,
@@ -268,11 +265,11 @@ def simulate_batch(
     occupancy), and `max_ctas` the per-CTA trace (default: the batch's largest grid); a sweep
     passes its largest of each, for the same reason and so that every chunk's trace has the
     sweep's length; `dep_slots` sizes the warps' dependence slots (default: the most the batch's
-    programs use; register dependences, docs/model.md section 7), `loops` and `branches` the
-    program's loop and branch tables (default: the most of the batch's programs), and
-    `data_tables` compiles in data tables as long as the trace (True) or decides by the batch
-    (None: where a program of the batch reads data); tests pass them so that one compilation
-    serves programs of every structure. `chunk` runs the batch that
+    programs use; register dependences, docs/model.md section 7); `data_tables` compiles in data
+    tables as long as the trace (True) or decides by the batch (None: where a program of the
+    batch reads data), so that kernels with and without data share a compilation (the loop and
+    branch tables are not padded on request: the engine takes a faster form for programs of
+    one loop). `chunk` runs the batch that
     many configurations at a time in one compiled call (default `default_chunk`: on the CPU, as
     many as keep a step's arrays in cache; elsewhere all at once) on each device. `devices`
     (default: the one device of an enclosing `jax.default_device`, else every local device of
@@ -304,10 +301,8 @@ def simulate_batch(
                                                           "closed_loop_step",
                                                           "a configuration of the batch dispatches by closed_loop"),
                                  fast_forward=_fast_forward_in(fast_forward, fast_forward_step, items),
-                                 data_rows=1,
-                                 loops=_padded("loops", loops, [s.loops for s in shape_list], "number of loops", MAX_LOOPS),
-                                 branches=_padded("branches", branches, [s.branches for s in shape_list],
-                                                  "number of if/else branches", MAX_BRANCHES),
+                                 data_rows=1, loops=max(s.loops for s in shape_list),
+                                 branches=max(s.branches for s in shape_list),
                                  dep_slots=_padded("dep_slots", dep_slots, [s.dep_slots for s in shape_list],
                                                    "dependence slots", MAX_DEP_SLOTS))
     # data tables span the padded trace's CTAs, so that batches of other grids share a compilation
