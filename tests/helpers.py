@@ -267,8 +267,8 @@ def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: st
     otherwise follow its occupancy and grid, and every hypothesis example would compile anew.
     Fast-forward (where the kernel may use it) and the loop tables (one loop, or the structured
     programs' `STRUCTURED_LOOPS`) follow the kernel as in a plain run: each selects a form of
-    the engine, and every form must meet the reference. A larger grid pads
-    to its power of two, so that the few examples with one share a handful of compilations."""
+    the engine, and every form must meet the reference. A larger grid pads to its power of
+    two, so that the few examples with one share a handful of compilations."""
     grid = sum(int(k.grid_ctas) for k in kernel.kernels) if isinstance(kernel, js.Workload) else int(kernel.grid_ctas)
     grid = MAX_GRID if grid <= MAX_GRID else 1 << (grid - 1).bit_length()
     batch = simulate_batch([arch], [kernel], [clocks], [WARP_POLICIES.index(warp_policy)],

@@ -269,12 +269,11 @@ def simulate_batch(
     tables as long as the trace (True) or decides by the batch (None: where a program of the
     batch reads data), so that kernels with and without data share a compilation (the loop and
     branch tables are not padded on request: the engine takes a faster form for programs of
-    one loop). `chunk` runs the batch that
-    many configurations at a time in one compiled call (default `default_chunk`: on the CPU, as
-    many as keep a step's arrays in cache; elsewhere all at once) on each device. `devices`
-    (default: the one device of an enclosing `jax.default_device`, else every local device of
-    the default backend: on the CPU one per core, `engine/mechanics/devices.py`) share the
-    batch, each running a contiguous slice of it. Results depend on neither, nor on
+    one loop). `chunk` runs the batch that many configurations at a time in one compiled call
+    (default `default_chunk`: on the CPU, as many as keep a step's arrays in cache; elsewhere
+    all at once) on each device. `devices` (default: the one device of an enclosing
+    `jax.default_device`, else every local device of the default backend: on the CPU one per
+    core, `engine/mechanics/devices.py`) share the batch, each running a contiguous slice of it. Results depend on neither, nor on
     `fast_forward` (as in `simulate`).
     """
     if isinstance(archs, Params) or (isinstance(archs, (list, tuple)) and archs and isinstance(archs[0], Params)):
