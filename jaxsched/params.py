@@ -30,7 +30,8 @@ from .errors import check
 from .kernel import Kernel
 from .lower import policy_index, validate_dispatch
 from .policies import (DEFAULT_DISPATCH, DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS,
-                       DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE, DEFAULT_WARP_POLICY, DISPATCH_POLICIES, WARP_POLICIES)
+                       DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE, DEFAULT_WARP_POLICY, DISPATCH_POLICIES, MAX_FIT_SMS,
+                       WARP_POLICIES)
 from .workload import Workload
 
 
@@ -61,6 +62,9 @@ class Params(eqx.Module):
         clocks_mod.validate_clocks(self.arch, self.clocks)
         policy_index(int(self.warp_policy), WARP_POLICIES, "warp_policy")
         policy_index(int(self.dispatch), DISPATCH_POLICIES, "dispatch")
+        check(DISPATCH_POLICIES[int(self.dispatch)] != "clock_regression" or self.arch.sm_count <= MAX_FIT_SMS,
+              "dispatch", "clock_regression", f"a chip of at most {MAX_FIT_SMS} enabled SMs (its int64 fit; "
+              f"this one has {self.arch.sm_count})")
         check(0 <= int(self.dispatch_start) < 2**31, "dispatch_start", int(self.dispatch_start),
               "an integer in 0 .. 2^31 - 1")
         validate_dispatch(self.arch, self.dispatch_weight, float(self.ema_alpha), float(self.ema_prior_ns),

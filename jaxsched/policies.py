@@ -55,6 +55,8 @@ DEFAULT_HOLD_MARGIN = 0.125
 # CTA durations), so that durations that vary by CTA do not pass for a slow SM; at most MAX_HOLD_NOISE
 DEFAULT_HOLD_NOISE = 0.0
 MAX_HOLD_NOISE = 8.0
+# clock regression: its int64 least-squares sums are exact on chips of at most this many enabled SMs
+MAX_FIT_SMS = 256
 # Run options of `js.simulate`, `js.simulate_batch` and the reference: no DVFS clock trace kept,
 # and fast-forward on (it never changes a result).
 DEFAULT_TRACE_LEN = 0

@@ -45,8 +45,13 @@ def deviation(kernel, s: int) -> int:
 def estimates(sim, kernel, k: int) -> list[int]:
     """`e_s = max(est_{l,s}, k - t_s)` of launch `l` = `kernel` at tick `k`, `t_s` the earliest
     start of its CTAs resident on `s` (the term is 0 if it has none there)."""
+    return censored(sim, kernel, k, kernel.est)
+
+
+def censored(sim, kernel, k: int, est: list[int]) -> list[int]:
+    """`max(est_s, k - t_s)` per SM (`estimates`)."""
     return [
-        max(kernel.est[sm.index],
+        max(est[sm.index],
             max((k - t0 for cta, t0 in zip(sm.cta_id, sm.start)
                  if cta >= 0 and sim.chip.cta_kernel[cta] == kernel.index), default=0))
         for sm in sim.sms
@@ -63,9 +68,13 @@ def hold(sim, kernel, cand) -> bool:
     its estimate and `dev` its deviation (`deviation`): occupied slots (of any launch),
     and free slots still in their launch latency; not free slots waiting for launch credit (when
     the SM collects it depends on when its schedulers starve)."""
+    return hold_for(sim, kernel, cand, deviation(kernel, cand.index))
+
+
+def hold_for(sim, kernel, cand, dev: int) -> bool:
+    """`hold` with the candidate's deviation `dev` given (the clock regression passes 0)."""
     e = sim.censored[kernel.index]
     target = sim.now + e[cand.index]
-    dev = deviation(kernel, cand.index)
     margin = (e[cand.index] * sim.hold_margin_256 + dev * sim.hold_noise_256) // 256
     better = 0
     for sm in sim.enabled_sms:
