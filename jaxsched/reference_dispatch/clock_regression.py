@@ -6,7 +6,7 @@ and `sq_{l,s}` their count (`observe`); at a dispatch (`estimates`) the per-SM m
 `u_s = 2^20 // max(f_s, 64)` by least squares: with `d_s = K u_s - sum u`, the slope
 `min(max(sum m d / sum u d, 0), sum m / sum u)` (0 where `sum u d = 0`), one float64 division;
 every SM's estimate is `max((sum m + floor(slope * (K u_s - sum u))) // K, 0)` at its clock
-(0 before the launch's first completion), censored like the closed loop's."""
+(0 before the launch's first completion), not censored."""
 
 import math
 
@@ -49,8 +49,8 @@ def fit(est: list[int], count: list[int], freq_mhz: list[int]) -> list[int]:
 
 
 def estimates(sim, kernel, k: int) -> list[int]:
-    """The fit at tick `k`'s clocks, censored by each SM's oldest CTA of the launch."""
-    return closed_loop.censored(sim, kernel, k, fit(kernel.est, kernel.sq, [sm.freq for sm in sim.sms]))
+    """The fit at tick `k`'s clocks (not censored)."""
+    return fit(kernel.est, kernel.sq, [sm.freq for sm in sim.sms])
 
 
 def hold(sim, kernel, cand) -> bool:

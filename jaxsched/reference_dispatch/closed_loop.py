@@ -45,13 +45,8 @@ def deviation(kernel, s: int) -> int:
 def estimates(sim, kernel, k: int) -> list[int]:
     """`e_s = max(est_{l,s}, k - t_s)` of launch `l` = `kernel` at tick `k`, `t_s` the earliest
     start of its CTAs resident on `s` (the term is 0 if it has none there)."""
-    return censored(sim, kernel, k, kernel.est)
-
-
-def censored(sim, kernel, k: int, est: list[int]) -> list[int]:
-    """`max(est_s, k - t_s)` per SM (`estimates`)."""
     return [
-        max(est[sm.index],
+        max(kernel.est[sm.index],
             max((k - t0 for cta, t0 in zip(sm.cta_id, sm.start)
                  if cta >= 0 and sim.chip.cta_kernel[cta] == kernel.index), default=0))
         for sm in sim.sms

@@ -4,10 +4,11 @@ not learnt per SM. Per launch it keeps each SM's sum of CTA durations and their 
 (`observe`); at a placement it fits the per-SM mean durations `m_s` against the clock periods
 `u_s = 2^20 // max(f_s, 64)` by least squares over the SMs with a completion (`estimates`),
 with the slope kept in `[0, sum m / sum u]` (a CTA's time is a clock-scaled part plus a fixed
-part, neither negative), and predicts `e_s` for every SM at its clock; censored like the closed
-loop's. Hundreds of completions inform every estimate, so it is far less noisy than the closed
-loop's per-SM EMA, and a memory-bound kernel, whose durations do not follow the clock, gets a
-flat fit and no holds. The hold is the closed loop's with no deviation term."""
+part, neither negative), and predicts `e_s` for every SM at its clock. Hundreds of completions
+inform every estimate, so it is far less noisy than the closed loop's per-SM EMA, and a
+memory-bound kernel, whose durations do not follow the clock, gets a flat fit and no holds; on
+a uniform chip every estimate is the same, so it places as hardware dispatch does and holds
+nothing. The hold is the closed loop's with no deviation term."""
 
 from __future__ import annotations
 
@@ -70,10 +71,10 @@ def fit(total_ticks: Int[Array, "launch sm"], count: Int[Array, "launch sm"], fr
 
 
 def estimates(state: State, tick: Int[Array, ""]) -> tuple[Int[Array, "launch sm"], Int[Array, "launch sm"]]:
-    """What the placements of tick `tick` read: `max(e_s, k - oldest start on s)` per launch
-    (the closed loop's censoring), and no deviation."""
+    """What the placements of tick `tick` read: the fit at the clocks now, uncensored (a CTA
+    running long shows its own work, not a slow SM, once the clock is known), and no deviation."""
     est = fit(state.dispatch.est, state.dispatch.sq, state.freq)
-    return jnp.maximum(est, closed_loop.oldest_running(state, tick)), jnp.zeros_like(est)
+    return est, jnp.zeros_like(est)
 
 
 hold = closed_loop.hold  # the closed loop's tail hold, on these estimates (no deviation term)

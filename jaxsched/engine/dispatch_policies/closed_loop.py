@@ -86,21 +86,17 @@ def estimates(state: State, tick: Int[Array, ""]) -> tuple[Int[Array, "launch sm
     running after that long shows the SM is at least that slow, whatever the estimate says; and
     the deviation `floor(sqrt(max(sq_s - est_s^2, 0)))`, the smoothed standard deviation of the
     SM's CTA durations (0 before its first completion)."""
-    est = state.dispatch.est
-    seen = est >= 0
-    dev = jnp.where(seen, _isqrt(jnp.maximum(state.dispatch.sq - jnp.where(seen, est, 0) ** 2, 0)), 0)
-    return jnp.maximum(_known(est), oldest_running(state, tick)), dev
-
-
-def oldest_running(state: State, tick: Int[Array, ""]) -> Int[Array, "launch sm"]:
-    """Per launch and SM, how long its oldest CTA resident there has run at tick `tick` (0 if it
-    has none there): the SM is at least that slow for the launch, whatever an estimate says."""
     running = jnp.where(state.cta_id >= 0, tick - state.cta_start, 0)
     n_launches, n_sm = state.dispatch.est.shape
     if n_launches == 1:
-        return jnp.max(running, axis=0)[None].astype(jnp.int64)
-    sm = jnp.broadcast_to(jnp.arange(n_sm)[None, :], running.shape)
-    return jnp.zeros((n_launches, n_sm), jnp.int32).at[state.cta_launch, sm].max(running).astype(jnp.int64)
+        oldest = jnp.max(running, axis=0)[None]
+    else:
+        sm = jnp.broadcast_to(jnp.arange(n_sm)[None, :], running.shape)
+        oldest = jnp.zeros((n_launches, n_sm), jnp.int32).at[state.cta_launch, sm].max(running)
+    est = state.dispatch.est
+    seen = est >= 0
+    dev = jnp.where(seen, _isqrt(jnp.maximum(state.dispatch.sq - jnp.where(seen, est, 0) ** 2, 0)), 0)
+    return jnp.maximum(_known(est), oldest.astype(jnp.int64)), dev
 
 
 def hold(slots: Slots, launch: Launch, launching_tick: Int[Array, "cta sm"], est: Int[Array, " sm"],
