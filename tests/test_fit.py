@@ -201,6 +201,8 @@ steps = 2
     ("sigma = 0.15", 'sigma = "wide"', "clocks.sigma = 'wide'"),
     ("steps = 2", 'steps = 2\nuniform_tolerance = 0.005', 'fit.uniform_tolerance = 0.005: set only with fit.method'),
     ("steps = 2", 'steps = 2\nobjective = "recovered"', "fit.objective = 'recovered': set only with fit.method"),
+    ('families = ["weighted", "closed_loop"]', 'families = ["clock_regression"]',
+     "families = 'clock_regression': a family the surrogate models"),
 ])
 def test_dispatch_spec_errors_name_the_field(tmp_path, old, new, field):
     (tmp_path / "small.toml").write_text(archio.dumps(ARCH))
@@ -263,6 +265,31 @@ def test_engine_search_picks_the_best_admitted_candidate_in_the_exact_engine(tmp
     again = [makespan(clk, dispatch="closed_loop", ema_alpha=best["ema_alpha"], hold_margin=best["hold_margin"])
              for clk in prep.train_clocks]
     assert np.mean(np.asarray(again) / np.asarray(prob.fluid_ns)) == pytest.approx(result.loss[i, 0], rel=1e-9)
+
+
+def test_engine_search_fits_the_clock_regressions_margin(tmp_path, monkeypatch):
+    """The `clock_regression` family (exact engine only): its candidates are hold margins of that
+    policy; the lowest loss is kept, written back as a logit, and its policy file runs the policy
+    with that margin (a grid of 2 margins, for the suite's time)."""
+    monkeypatch.setitem(dispatch_spec.ENGINE_GRID, "clock_regression", {"hold_margin": (1 / 16, 255 / 256)})
+    text = _engine_spec(tmp_path).replace('families = ["closed_loop_tail"]', 'families = ["clock_regression"]')
+    spec = dispatch_spec.loads(text, base_dir=tmp_path)
+    prep = dispatch_spec.prepare(spec)
+    prob, _ = dispatch_spec.problem(spec, prep)
+    (kernel,) = spec.kernels
+    result = dispatch_spec.engine_search(spec, prep, prob, "clock_regression")
+    theta = {k: float(v[0]) for k, v in result.theta.items()}
+    assert list(theta) == ["margin_logit"]
+    best = dispatch_fit.portable_inputs("clock_regression", theta)
+    margins = (1 / 16, 255 / 256)
+    assert best == {"dispatch": "clock_regression",
+                    "hold_margin": pytest.approx(margins[int(np.argmin(result.loss[:, 0]))])}
+    again = [float(js.simulate(spec.arch, kernel, clk, warp_policy=spec.warp_policy, **best).makespan_ns)
+             for clk in prep.train_clocks]
+    assert np.mean(np.asarray(again) / np.asarray(prob.fluid_ns)) == pytest.approx(result.loss[:, 0].min(), rel=1e-9)
+    written = fitted_policy.loads(fitted_policy.dumps(best.pop("dispatch"), best, "test"), "policy.toml")
+    assert written.dispatch == "clock_regression"
+    assert written.values["hold_margin"] == pytest.approx(best["hold_margin"])
 
 
 def test_recovered_objective_is_minus_the_mean_share_on_unequal_chips(tmp_path):

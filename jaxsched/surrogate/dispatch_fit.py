@@ -17,7 +17,10 @@ serves chips it was not fitted on:
   durations), so that durations that vary by CTA rather than by SM do not cause holds; portable;
 - `closed_loop_per_sm` (a proposal; the engine takes one prior for every SM): the prior of SM
   `s` is `exp(b) d (mean f / f_s)^gamma`, a static frequency-aware estimate that the tail hold
-  can use before any CTA has completed.
+  can use before any CTA has completed;
+- `clock_regression`: the clock-regression policy's hold margin, `hold_margin = sigmoid(m)`;
+  portable. The surrogate does not model that policy, so it is fitted in the exact engine only
+  (`ENGINE_ONLY_FAMILIES`).
 
 `fit` minimises the mean of `surrogate makespan / fluid bound` (the larger of `bounds.fluid_ns`
 and `issue_bound.issue_ns`, a constant per configuration) over the training configurations
@@ -44,11 +47,15 @@ from ..policies import DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MAR
 from .launch import DispatchParams, SurrogateLaunch
 from .relax import schedule
 
-FAMILIES = ("weighted", "closed_loop", "closed_loop_tail", "closed_loop_noise", "closed_loop_per_sm")
+FAMILIES = ("weighted", "closed_loop", "closed_loop_tail", "closed_loop_noise", "closed_loop_per_sm",
+            "clock_regression")
 # engine inputs that depend on neither the chip nor the kernel
-PORTABLE_FAMILIES = ("closed_loop_tail", "closed_loop_noise")
+PORTABLE_FAMILIES = ("closed_loop_tail", "closed_loop_noise", "clock_regression")
+# families of policies the surrogate does not model: `method = "engine"` only
+ENGINE_ONLY_FAMILIES = ("clock_regression",)
 ENGINE_POLICY = {"weighted": "weighted", "closed_loop": "closed_loop", "closed_loop_tail": "closed_loop",
-                 "closed_loop_noise": "closed_loop", "closed_loop_per_sm": "closed_loop"}
+                 "closed_loop_noise": "closed_loop", "closed_loop_per_sm": "closed_loop",
+                 "clock_regression": "clock_regression"}
 WEIGHT_SCALE = 1000.0  # engine weight of an SM at the mean clock
 GRADIENT_CLIP = 1.0  # per gradient entry and step (the loss is a makespan ratio: O(1))
 
@@ -66,6 +73,7 @@ _INITIAL = {
     "closed_loop_noise": {"alpha_logit": logit(DEFAULT_EMA_ALPHA), "margin_logit": logit(DEFAULT_HOLD_MARGIN),
                           "noise_logit": logit(1.0 / MAX_HOLD_NOISE)},
     "closed_loop_per_sm": {"alpha_logit": logit(DEFAULT_EMA_ALPHA), "log_prior": 0.0, "gamma": 1.0},
+    "clock_regression": {"margin_logit": logit(DEFAULT_HOLD_MARGIN)},
 }
 
 
@@ -104,6 +112,8 @@ def _log_speed(launch: SurrogateLaunch) -> Float[Array, " sm"]:
 
 def params_for(family: str, theta: dict[str, Array], launch: SurrogateLaunch) -> DispatchParams:
     """The surrogate's dispatch parameters of one configuration (scalar `theta` entries)."""
+    check(family not in ENGINE_ONLY_FAMILIES, "family", family, "a family the surrogate models (not "
+          f"{ENGINE_ONLY_FAMILIES})")
     log_speed = _log_speed(launch)
     ones = jnp.ones_like(launch.sm_freq_mhz)
     margin, noise = jnp.float32(DEFAULT_HOLD_MARGIN), jnp.float32(DEFAULT_HOLD_NOISE)
@@ -147,6 +157,8 @@ def portable_inputs(family: str, theta: dict[str, float]) -> dict:
     """The engine inputs of a family in `PORTABLE_FAMILIES`, the same on every chip and kernel
     (what `jaxsched.fitted_policy` writes)."""
     check(family in PORTABLE_FAMILIES, "family", family, f"one of {PORTABLE_FAMILIES}")
+    if family == "clock_regression":
+        return {"dispatch": "clock_regression", "hold_margin": _sigmoid(theta["margin_logit"])}
     noise = MAX_HOLD_NOISE * _sigmoid(theta["noise_logit"]) if family == "closed_loop_noise" else DEFAULT_HOLD_NOISE
     return {"dispatch": "closed_loop", "ema_alpha": _sigmoid(theta["alpha_logit"]),
             "ema_prior_ns": DEFAULT_EMA_PRIOR_NS, "hold_margin": _sigmoid(theta["margin_logit"]), "hold_noise": noise}

@@ -85,12 +85,14 @@ ENGINE_GRID = {"closed_loop_tail": {"ema_alpha": (1 / 16, 1 / 8, 1 / 4, 1 / 2),
                                                     255 / 256)},
                "closed_loop_noise": {"ema_alpha": (1 / 16, 1 / 8, 1 / 4),
                                      "hold_margin": (1 / 32, 1 / 16, 1 / 8, 3 / 16),
-                                     "hold_noise": (1 / 4, 1 / 2, 1, 2)}}
+                                     "hold_noise": (1 / 4, 1 / 2, 1, 2)},
+               "clock_regression": {"hold_margin": (1 / 256, 1 / 32, 1 / 16, 3 / 32, 1 / 8, 3 / 16, 1 / 4,
+                                                    255 / 256)}}
 _KERNEL_KEYS = ("file", "name", "program", "grid", "threads", "regs", "smem_bytes", "static_smem_bytes",
                 "l2_hit_rate", "seed")
 TEST_SEED_OFFSET = 500_000
 # closed_loop_per_sm needs per-SM priors
-ENGINE_FAMILIES = ("weighted", "closed_loop", "closed_loop_tail", "closed_loop_noise")
+ENGINE_FAMILIES = ("weighted", "closed_loop", "closed_loop_tail", "closed_loop_noise", "clock_regression")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,6 +194,10 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Disp
             check(fam in ENGINE_GRID, f"{source}: families", fam,
                   f'each one of {tuple(ENGINE_GRID)} with fit.method = "engine"')
         check(not fit["per_chip"], f"{source}: fit.per_chip", True, 'false with fit.method = "engine"')
+    else:
+        for fam in families:
+            check(fam not in df.ENGINE_ONLY_FAMILIES, f"{source}: families", fam,
+                  'a family the surrogate models, or fit.method = "engine"')
     tol = fit["uniform_tolerance"]
     if tol is not None:
         check(_is_real(tol) and 0 <= tol < 1, f"{source}: fit.uniform_tolerance", tol, "a number in [0, 1)")
@@ -321,6 +327,8 @@ def evaluate(spec: DispatchSpec, prep: Prepared, fits: dict[str, df.FitResult], 
                     kw = df.engine_inputs(fam, theta, spec.arch, _mhz(clk), d)
                 configs.append((clk, kw))
                 kwargs.append((mi, pi))
+                if label.removesuffix("_fit") in df.ENGINE_ONLY_FAMILIES:
+                    continue  # the surrogate does not model it: no prediction (NaN)
                 policy, params = _surrogate_params(label, fits, mi if per_chip else 0, launch, spec.arch)
                 predicted[ki, mi, pi] = float(schedule(launch, params, 0.0, policy=policy, mode="hard",
                                                        max_slots=max_slots).makespan_ns)
@@ -436,7 +444,7 @@ def engine_search(spec: DispatchSpec, prep: Prepared, prob: df.Problem, family: 
         n = (n_c + 1) * n_m  # the candidates, map-minor, then hardware dispatch on every map
         result = simulate_batch([spec.arch] * n, [kernel] * n, list(prep.train_clocks) * (n_c + 1), [wp] * n,
                                 policy, [0] * n,
-                                ema_alpha=with_hardware([c["ema_alpha"] for c in candidates]),
+                                ema_alpha=with_hardware([c.get("ema_alpha", DEFAULT_EMA_ALPHA) for c in candidates]),
                                 ema_prior_ns=DEFAULT_EMA_PRIOR_NS,
                                 hold_margin=with_hardware([c["hold_margin"] for c in candidates]),
                                 hold_noise=with_hardware([c.get("hold_noise", DEFAULT_HOLD_NOISE) for c in candidates]))
@@ -448,7 +456,9 @@ def engine_search(spec: DispatchSpec, prep: Prepared, prob: df.Problem, family: 
         uniform = [i for i in range(n_m) if spec.map_sigma(i) == 0]
         slower = (makespan[:, uniform] / hardware[uniform] - 1.0).max(axis=(1, 2))
     best = candidates[best_admitted(loss, slower, tol, family)]
-    theta = {"alpha_logit": df.logit(best["ema_alpha"]), "margin_logit": df.logit(best["hold_margin"])}
+    theta = {"margin_logit": df.logit(best["hold_margin"])}
+    if "ema_alpha" in best:
+        theta["alpha_logit"] = df.logit(best["ema_alpha"])
     if "hold_noise" in best:
         theta["noise_logit"] = df.logit(best["hold_noise"] / MAX_HOLD_NOISE)
     return df.FitResult(family=family, theta={k: np.asarray([v], np.float64) for k, v in theta.items()},
