@@ -155,7 +155,7 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Disp
     arch = archio.load(base_dir / arch_spec) if arch_spec.endswith(".toml") else presets.get(arch_spec)
     warp = doc.get("warp_policy", DEFAULT_WARP_POLICY)
     check(warp in WARP_POLICIES, f"{source}: warp_policy", warp, f"one of {WARP_POLICIES}")
-    families = tuple(doc.get("families", list(ENGINE_FAMILIES)))
+    families = tuple(doc.get("families", [f for f in ENGINE_FAMILIES if f not in df.ENGINE_ONLY_FAMILIES]))
     check(len(families) >= 1, f"{source}: families", families, "at least one family")
     for fam in families:
         check(fam in ENGINE_FAMILIES, f"{source}: families", fam,

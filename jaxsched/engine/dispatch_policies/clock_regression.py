@@ -55,8 +55,8 @@ def fit(total_ticks: Int[Array, "launch sm"], count: Int[Array, "launch sm"], fr
     one float64 division and one product, each rounded as IEEE says, so the reference matches."""
     seen = count > 0
     m = jnp.where(seen, total_ticks // jnp.maximum(count, 1), 0)
-    u = jnp.broadcast_to(PERIOD_SCALE // jnp.maximum(freq_mhz.astype(jnp.int64), MIN_FIT_MHZ), m.shape)
-    u = jnp.where(seen, u, 0)
+    period = PERIOD_SCALE // jnp.maximum(freq_mhz.astype(jnp.int64), MIN_FIT_MHZ)
+    u = jnp.where(seen, period, 0)
     k = jnp.sum(seen, axis=-1, keepdims=True, dtype=jnp.int64)
     s_u, s_m = jnp.sum(u, axis=-1, keepdims=True), jnp.sum(m, axis=-1, keepdims=True)
     d = jnp.where(seen, k * u - s_u, 0)  # k (u_s - mean u), over the SMs with completions
@@ -65,8 +65,7 @@ def fit(total_ticks: Int[Array, "launch sm"], count: Int[Array, "launch sm"], fr
     slope = jnp.where(den > 0, f64(num) / f64(jnp.where(den > 0, den, 1)), 0.0)
     steepest = f64(s_m) / f64(jnp.maximum(s_u, 1))
     slope = jnp.clip(slope, 0.0, steepest)
-    every = PERIOD_SCALE // jnp.maximum(freq_mhz.astype(jnp.int64), MIN_FIT_MHZ)
-    shift = jnp.floor(slope * f64(k * every - s_u)).astype(jnp.int64)  # k * slope * (u_s - mean u)
+    shift = jnp.floor(slope * f64(k * period - s_u)).astype(jnp.int64)  # k * slope * (u_s - mean u), every SM
     return jnp.where(k > 0, jnp.maximum((s_m + shift) // jnp.maximum(k, 1), 0), 0)
 
 
