@@ -30,6 +30,10 @@ _OWN_TIME = tuple(name for name, policy in dispatch_policies.MODULES.items() if 
 _CHIP_TIME = tuple(name for name in DISPATCH_POLICIES if name not in _OWN_TIME)
 
 
+# Trace rows with or without DVFS (none are written without), so that the examples share compilations.
+TRACE_LEN = 8
+
+
 @st.composite
 def multi_wave_configurations(draw, trips: tuple[int, int] = (12, 40), max_grid: int = MAX_GRID,
                               dvfs_periods_us: tuple[float, ...] = (0.5, 2.0), split_branches: bool = True) -> dict:
@@ -64,7 +68,7 @@ def multi_wave_configurations(draw, trips: tuple[int, int] = (12, 40), max_grid:
                               power_cap_w=draw(st.sampled_from([30.0, 700.0])))
     return dict(arch=arch, kernel=kernel, clocks=clocks.from_array(arch, np.asarray(freqs, np.float64)),
                 warp_policy=draw(st.sampled_from(WARP_POLICIES)), dispatch=dispatch,
-                dispatch_start=draw(st.integers(0, 3)), dvfs=params, trace_len=8 if params is not None else 0)
+                dispatch_start=draw(st.integers(0, 3)), dvfs=params, trace_len=TRACE_LEN)
 
 
 @settings(max_examples=examples(6), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -89,7 +93,7 @@ def _batch_args(cfgs: list[dict]) -> tuple[tuple, dict]:
     args = ([c["arch"] for c in cfgs], [c["kernel"] for c in cfgs], [c["clocks"] for c in cfgs],
             [WARP_POLICIES.index(c["warp_policy"]) for c in cfgs],
             [DISPATCH_POLICIES.index(c["dispatch"]) for c in cfgs], [c["dispatch_start"] for c in cfgs])
-    kw = dict(dvfs=[c["dvfs"] for c in cfgs], trace_len=8, dvfs_step=True, closed_loop_step=True,
+    kw = dict(dvfs=[c["dvfs"] for c in cfgs], trace_len=TRACE_LEN, dvfs_step=True, closed_loop_step=True,
               fast_forward_step=True, cta_slots=int(cfgs[0]["arch"].max_blocks_per_sm), max_ctas=MAX_GRID)
     return args, kw
 
