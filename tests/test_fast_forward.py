@@ -48,6 +48,10 @@ def _chip(draw) -> js.Arch:
                       mio_queue_depth=np.int32(draw(st.sampled_from([2, 16]))))
 
 
+# Trace rows with or without DVFS (none are written without), so that the modes share compilations.
+TRACE_LEN = 8
+
+
 @st.composite
 def steady_configurations(draw, trips: tuple[int, int] = (12, 40)) -> dict:
     """One configuration of a mode (plain kernel, DVFS, cooperative, persistent, two-kernel
@@ -76,7 +80,7 @@ def steady_configurations(draw, trips: tuple[int, int] = (12, 40)) -> dict:
     return dict(arch=arch, kernel=kernel, clocks=clocks.from_array(arch, np.asarray(freqs, np.float64)),
                 warp_policy=draw(st.sampled_from(WARP_POLICIES)),
                 dispatch=draw(st.sampled_from(DISPATCH_POLICIES)), dispatch_start=draw(st.integers(0, 3)),
-                dvfs=params, trace_len=8 if params is not None else 0)
+                dvfs=params, trace_len=TRACE_LEN)
 
 
 @settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -114,7 +118,7 @@ def test_fast_forward_equals_stepping_on_long_loops(cfgs: list[dict]) -> None:
             [WARP_POLICIES.index(c["warp_policy"]) for c in cfgs], [DISPATCH_POLICIES.index(c["dispatch"]) for c in cfgs],
             [c["dispatch_start"] for c in cfgs])
     try:
-        kw = dict(dvfs=[c["dvfs"] for c in cfgs], trace_len=8, dvfs_step=True, closed_loop_step=True,
+        kw = dict(dvfs=[c["dvfs"] for c in cfgs], trace_len=TRACE_LEN, dvfs_step=True, closed_loop_step=True,
                   cta_slots=int(cfgs[0]["arch"].max_blocks_per_sm), max_ctas=MAX_GRID)
         on = simulate_batch(*args, fast_forward=True, **kw)
     except JaxschedError:
@@ -135,7 +139,7 @@ def test_fast_forward_through_launch_credit(warp_policy):
                          pad_to=N_INSTR)
     kernel = kernel.replace(grid_ctas=np.int32(3 * resident_grid(arch, kernel)))
     cfg = dict(arch=arch, kernel=kernel, clocks=clocks.from_array(arch, np.full(arch.n_sm_slots, 1605.0)),
-               warp_policy=warp_policy)
+               warp_policy=warp_policy, trace_len=TRACE_LEN)  # the compilation of the test above
     ref = reference.simulate(**cfg)
     result = simulate_padded(**cfg)
     assert_same(result, ref)
