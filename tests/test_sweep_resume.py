@@ -34,8 +34,7 @@ N_CHUNKS = 6  # 12 configurations, --chunk 2: one grid point (2 replicates) per 
 
 
 def _env(tmp: Path, throttle: float = 0.0) -> dict:
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
+    env = dict(os.environ)  # with the suite's XLA flags (conftest.py): a faster compile
     env.update(JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(tmp / "jax_cache"),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", PYTHONUNBUFFERED="1")
     env[sweep.THROTTLE_ENV] = str(throttle)
