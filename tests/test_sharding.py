@@ -27,7 +27,8 @@ SPEC = tiny_sweep_spec("sharding", 5, "\"policy.warp\" = [\"lrr\", \"gto\"]\n\"c
 
 SHARDED = r"""
 import os, sys
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"  # before jax is imported
+# before jax is imported, after the suite's flags (conftest.py): they compile faster
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 import jax
 import numpy as np
 from jaxsched import sweep
@@ -54,8 +55,7 @@ print("identical", len(one.data_vars), "variables")
 
 
 def _env(tmp: Path) -> dict:
-    env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)
+    env = dict(os.environ)  # with the suite's XLA flags (conftest.py): a faster compile
     env.update(JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(tmp / "jax_cache"),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
     return env
