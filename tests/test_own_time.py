@@ -94,7 +94,8 @@ def _batch_args(cfgs: list[dict]) -> tuple[tuple, dict]:
             [WARP_POLICIES.index(c["warp_policy"]) for c in cfgs],
             [DISPATCH_POLICIES.index(c["dispatch"]) for c in cfgs], [c["dispatch_start"] for c in cfgs])
     kw = dict(dvfs=[c["dvfs"] for c in cfgs], trace_len=TRACE_LEN, dvfs_step=True, closed_loop_step=True,
-              fast_forward_step=True, cta_slots=int(cfgs[0]["arch"].max_blocks_per_sm), max_ctas=MAX_GRID)
+              fast_forward_step=True, cta_slots=int(cfgs[0]["arch"].max_blocks_per_sm), max_ctas=MAX_GRID,
+              chunk=1)  # one at a time: a chunk steps until its longest member ends
     return args, kw
 
 
