@@ -118,7 +118,7 @@ def test_fast_forward_equals_stepping_on_long_loops(cfgs: list[dict]) -> None:
             [WARP_POLICIES.index(c["warp_policy"]) for c in cfgs], [DISPATCH_POLICIES.index(c["dispatch"]) for c in cfgs],
             [c["dispatch_start"] for c in cfgs])
     try:
-        kw = dict(dvfs=[c["dvfs"] for c in cfgs], trace_len=TRACE_LEN, dvfs_step=True, closed_loop_step=True,
+        kw = dict(dvfs=[c["dvfs"] for c in cfgs], trace_len=8, dvfs_step=True, closed_loop_step=True,
                   cta_slots=int(cfgs[0]["arch"].max_blocks_per_sm), max_ctas=MAX_GRID)
         on = simulate_batch(*args, fast_forward=True, **kw)
     except JaxschedError:
