@@ -15,8 +15,8 @@ import argparse
 import jax
 import numpy as np
 
-import jaxsched as js
 from jaxsched import clocks
+from jaxsched.cli import load_arch
 from jaxsched.engine.run import simulate_batch
 from jaxsched.kernel import make_kernel
 
@@ -33,7 +33,7 @@ def configurations(n: int, seed: int = 0, arch: str = "h200"):
     """`n` configurations on `arch` (a preset name or an arch TOML file): grids of 1-599 CTAs
     on the H200's 132 SMs, scaled to the chip's SMs, so that a cut-down chip runs as many waves."""
     rng = np.random.default_rng(seed)
-    arch = js.load_arch(arch)
+    arch = load_arch(arch)
     kernels, maps = [], []
     for i in range(n):
         kernels.append(make_kernel(
