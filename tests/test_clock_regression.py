@@ -83,13 +83,13 @@ def test_chips_past_the_fits_sm_limit_are_refused(monkeypatch):
     js.make_params(arch, kernel, js.clocks.uniform(arch), dispatch="closed_loop")
 
 
-@pytest.mark.parametrize("seed", [0, 2])
-def test_runs_are_the_same_in_both_engines_on_unequal_sms(seed):
-    # 8 SMs at sigma 0.2, 4 waves of the few-long-CTA shape, no hold margin: it holds in the tail
-    # (seed 2: 11708 ticks against hardware dispatch's 13084).
+def test_runs_are_the_same_in_both_engines_on_unequal_sms():
+    # 8 SMs at sigma 0.2, 4 waves of a few-long-CTA shape, no hold margin, so it holds in the tail
+    # (on so small a chip the holds cost: 6943 ticks against hardware dispatch's 6678 and the
+    # closed loop's 6922).
     arch = js.archio.load(Path(__file__).parents[1] / "sweeps" / "arches" / "h200_8sm.toml")
     kernel = js.make_kernel("loop 64 cta_spread=6\n fma dep\n fma dep\nend", grid=64, threads=512, regs=64)
-    clk = js.clocks.gaussian(arch, seed, 1.8, 0.2)
+    clk = js.clocks.gaussian(arch, 2, 1.8, 0.2)
     fast = js.simulate(arch, kernel, clk, dispatch="clock_regression", hold_margin=0.0)
     plain = reference.simulate(arch, kernel, clk, dispatch="clock_regression", hold_margin=0.0)
     assert int(fast.makespan_ticks) == int(plain["makespan_ticks"])
