@@ -2,6 +2,8 @@
 
 import gc
 import os
+import shutil
+import tempfile
 
 import pytest
 from hypothesis import settings
@@ -23,6 +25,25 @@ os.environ["JAXSCHED_CACHE_DIR"] = "off"
 SUITE_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false --xla_backend_optimization_level=0 "
                    "--xla_llvm_disable_expensive_passes=true")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + SUITE_XLA_FLAGS).strip()
+
+# One JAX persistent compilation cache for the run, in a fresh folder: the process that starts
+# the run makes it (and removes it at the end), its xdist workers and the subprocesses of the
+# tests inherit it, so that a program one worker compiled is loaded by the other, and by a
+# worker again after `_bounded_compile_memory` dropped it. Nothing outlives the run: every run
+# compiles what it runs once. Executables are the same either way (JAX keys them on the lowered
+# program, XLA's flags and the devices).
+SUITE_XLA_CACHE_ENV = "JAXSCHED_SUITE_XLA_CACHE"
+_OWN_XLA_CACHE = SUITE_XLA_CACHE_ENV not in os.environ
+if _OWN_XLA_CACHE:
+    os.environ[SUITE_XLA_CACHE_ENV] = tempfile.mkdtemp(prefix="jaxsched-suite-xla-")
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ[SUITE_XLA_CACHE_ENV])
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
+
+
+def pytest_unconfigure(config):
+    if _OWN_XLA_CACHE:
+        shutil.rmtree(os.environ[SUITE_XLA_CACHE_ENV], ignore_errors=True)
 
 # Fixed draws by default, so that the suite's time does not depend on luck: a rare draw (a
 # chip whose DRAM serves 5 B/ns, say) runs the reference for 20-30 s and hypothesis then
