@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import numpy as np
@@ -257,28 +258,48 @@ mean_ghz = 1.8
 """
 
 
+# Clock-trace rows every padded run compiles (the most a differential test asks for): rows are
+# written from the first on, so a run keeps what a shorter trace keeps, and runs without DVFS
+# (which write none) share the compilation of runs with it.
+TRACE_ROWS = 8
+
+
+def _padded_program(kernel):
+    """A kernel (or each launch of a workload) with its program padded by trailing EXITs to at
+    least `N_INSTR` instructions, so that hand-written programs of any length share the
+    compilations of the strategies' programs."""
+    if isinstance(kernel, js.Workload):
+        n = max(N_INSTR, *(k.n_instr for k in kernel.kernels))
+        return dataclasses.replace(kernel, kernels=tuple(pad_program(k, n) for k in kernel.kernels))
+    return pad_program(kernel, max(N_INSTR, kernel.n_instr))
+
+
 def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: str = "gto", dispatch: str = "hardware",
                     dispatch_start: int = 0, dispatch_weight=None, ema_alpha: float = 0.25, ema_prior_ns: float = 0.0,
                     hold_margin: float = 0.125, hold_noise: float = 0.0, dvfs=None, trace_len: int = 0,
                     max_ticks: int = MAX_TICKS) -> Result:
     """`simulate` with `reference.simulate`'s arguments, as one configuration of a batch padded to
     the largest static sizes the strategies draw (every CTA slot of the chip, `MAX_GRID` CTAs,
+    programs of `N_INSTR` instructions, `TRACE_ROWS` rows of the clock trace cut to `trace_len`,
     data tables, the DVFS step and the closed loop's learning compiled in): a kernel's sizes
-    otherwise follow its occupancy and grid, and every hypothesis example would compile anew.
-    Fast-forward (where the kernel may use it) and the loop tables (one loop, or the structured
-    programs' `STRUCTURED_LOOPS`) follow the kernel as in a plain run: each selects a form of
-    the engine, and every form must meet the reference. A larger grid pads to its power of
-    two, so that the few examples with one share a handful of compilations."""
+    otherwise follow its occupancy, grid and program, and every hypothesis example would compile
+    anew. Fast-forward (where the kernel may use it) and the loop tables (one loop, or the
+    structured programs' `STRUCTURED_LOOPS`) follow the kernel as in a plain run: each selects a
+    form of the engine, and every form must meet the reference. A larger grid pads to its power
+    of two, so that the few examples with one share a handful of compilations."""
     grid = sum(int(k.grid_ctas) for k in kernel.kernels) if isinstance(kernel, js.Workload) else int(kernel.grid_ctas)
     grid = MAX_GRID if grid <= MAX_GRID else 1 << (grid - 1).bit_length()
-    batch = simulate_batch([arch], [kernel], [clocks], [WARP_POLICIES.index(warp_policy)],
+    assert 0 <= trace_len <= TRACE_ROWS, "raise TRACE_ROWS"
+    batch = simulate_batch([arch], [_padded_program(kernel)], [clocks], [WARP_POLICIES.index(warp_policy)],
                            [DISPATCH_POLICIES.index(dispatch)], [dispatch_start], dispatch_weight=[dispatch_weight],
                            ema_alpha=ema_alpha, ema_prior_ns=ema_prior_ns, hold_margin=hold_margin,
                            hold_noise=hold_noise, dvfs=[dvfs],
-                           trace_len=trace_len,
+                           trace_len=TRACE_ROWS,
                            dvfs_step=True, closed_loop_step=True, cta_slots=int(arch.max_blocks_per_sm),
                            max_ctas=grid, dep_slots=MAX_DEP_SLOTS, data_tables=True, max_ticks=max_ticks)
-    return jax.tree.map(lambda x: x[0], batch)
+    one = jax.tree.map(lambda x: x[0], batch)
+    return dataclasses.replace(one, **{key: getattr(one, key)[:trace_len]
+                                       for key in ("trace_tick", "trace_mhz", "trace_mw", "trace_mk")})
 
 
 def cuda_tools() -> dict[str, str] | None:
