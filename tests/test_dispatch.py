@@ -32,10 +32,23 @@ def _half_speed_sms(n_slow: int = 20) -> js.Clocks:
     return js.clocks.from_array(H200, f)
 
 
+# The largest grid of the file (4 waves): every run's per-CTA trace is padded to it, and the
+# closed loop's learning is compiled into every run, so that the file's full-chip runs share one
+# compilation (about 25 s on 2 cores; six before, one per grid and dispatch family).
+_MAX_CTAS = 132 * 8 * 4
+
+
+def _runs(arch: js.Arch, kernel: js.Kernel, clk: js.Clocks | None, *dispatches: str) -> list[js.Result]:
+    """`js.simulate(arch, kernel, clk, dispatch=d)` for each of `dispatches`, as one batch of
+    the file's shared static sizes (each configuration of the batch runs alone on the CPU)."""
+    batch = js.simulate_batch([js.make_params(arch, kernel, clk, dispatch=d) for d in dispatches],
+                              closed_loop_step=True, max_ctas=_MAX_CTAS)
+    return [jax.tree.map(lambda x, i=i: x[i], batch) for i in range(len(dispatches))]
+
+
 def test_closed_loop_recovers_the_slow_sms_tail():
     kernel, clk = _kernel(4), _half_speed_sms()
-    hw = js.simulate(CORE, kernel, clk, dispatch="hardware")
-    cl = js.simulate(CORE, kernel, clk, dispatch="closed_loop")
+    hw, cl = _runs(CORE, kernel, clk, "hardware", "closed_loop")
     # Measured: 4558 ns vs 5194 ns (-12.3 %) with 20 of 132 SMs at half clock.
     assert float(cl.makespan_ns) < 0.95 * float(hw.makespan_ns)
     slow = np.asarray(clk.sm_freq_mhz)[:132] < 1000
@@ -45,8 +58,7 @@ def test_closed_loop_recovers_the_slow_sms_tail():
 @pytest.mark.parametrize("waves", [2, 4])
 def test_closed_loop_is_not_worse_on_a_uniform_chip(waves):
     kernel = _kernel(waves)
-    hw = js.simulate(CORE, kernel, dispatch="hardware")
-    cl = js.simulate(CORE, kernel, dispatch="closed_loop")
+    hw, cl = _runs(CORE, kernel, None, "hardware", "closed_loop")
     assert float(cl.makespan_ns) <= 1.005 * float(hw.makespan_ns)
 
 
@@ -58,12 +70,10 @@ def test_closed_loop_with_launch_credit():
     # there is the H200's own launch-to-launch spread of multi-wave kernels (0.6-3.9 %,
     # data/h200/summary.json).
     kernel, clk = _kernel(4), _half_speed_sms()
-    hw = js.simulate(H200, kernel, clk, dispatch="hardware")
-    cl = js.simulate(H200, kernel, clk, dispatch="closed_loop")
+    hw, cl = _runs(H200, kernel, clk, "hardware", "closed_loop")
     assert float(cl.makespan_ns) < 0.99 * float(hw.makespan_ns)
     kernel = _kernel(2)
-    hw = js.simulate(H200, kernel, dispatch="hardware")
-    cl = js.simulate(H200, kernel, dispatch="closed_loop")
+    hw, cl = _runs(H200, kernel, None, "hardware", "closed_loop")
     assert float(cl.makespan_ns) <= 1.015 * float(hw.makespan_ns)
 
 
@@ -72,8 +82,7 @@ def test_weighted_dispatch_favours_fast_sms_in_a_partial_wave():
     kernel = js.make_kernel(PROGRAM, grid=660, threads=256, regs=32)
     clk = _half_speed_sms()
     fast = np.asarray(clk.sm_freq_mhz)[:132] > 1000
-    hw = js.simulate(CORE, kernel, clk, dispatch="hardware")
-    wt = js.simulate(CORE, kernel, clk, dispatch="weighted")
+    hw, wt = _runs(CORE, kernel, clk, "hardware", "weighted")
     n_hw, n_wt = np.asarray(hw.sm_ctas)[:132], np.asarray(wt.sm_ctas)[:132]
     assert n_hw.min() == n_hw.max() == 5  # most room spreads evenly
     assert n_wt[fast].mean() > n_wt[~fast].mean()
