@@ -35,8 +35,8 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for path in args.kernels:
         kernel = load_kernel(path)
-        per_sm = int(occupancy(arch, int(kernel.threads_per_cta), int(kernel.regs_per_thread),
-                               int(kernel.dynamic_smem_bytes), int(kernel.static_smem_bytes)).blocks_per_sm)
+        per_sm = int(occupancy(arch, kernel.threads_per_cta, kernel.regs_per_thread, kernel.dynamic_smem_bytes,
+                               kernel.static_smem_bytes).blocks_per_sm)
         alone, full = (float(js.simulate(arch, dataclasses.replace(kernel, grid_ctas=arch.sm_count * n),
                                          clocks).makespan_ns) for n in (1, per_sm))
         print(f"| {Path(path).stem} | {per_sm} | {alone:.0f} ns | {full:.0f} ns | {full / alone:.2f}x |")

@@ -14,7 +14,8 @@ from hypothesis import settings
 os.environ.setdefault("JAXSCHED_CPU_DEVICES", "1")
 
 # The command line keeps compiled simulations in the user's cache folder; tests neither read nor
-# write it (a run must compile what it runs). tests/test_compile_cache.py uses folders of its own.
+# write it (a test run must not load what another run or version compiled: the run's own XLA
+# cache below starts empty). tests/test_compile_cache.py uses folders of its own.
 os.environ["JAXSCHED_CACHE_DIR"] = "off"
 
 # Compilation is most of the suite's time, and most of the suite's runs are short. XLA's CPU
