@@ -197,6 +197,22 @@ def recovered(hardware_ns: ArrayLike, policy_ns: ArrayLike, reference_ns: ArrayL
     return np.where(loss > 0, (hw - policy) / np.where(loss > 0, loss, 1.0), np.nan)
 
 
+def clairvoyant_with_uniform_gap(clairvoyant_ns: ArrayLike, uniform_hardware_ns: ArrayLike,
+                                 uniform_clairvoyant_ns: ArrayLike) -> np.ndarray:
+    """The clairvoyant schedule raised by hardware dispatch's gap to it on the uniform chip:
+    `T_clairvoyant * T_hardware,uniform / T_clairvoyant,uniform` (ns). On a chip whose SMs share
+    one clock a policy that tells SMs apart by their speed has nothing to act on, yet hardware
+    dispatch sits above the clairvoyant schedule there: that gap is the schedule's foresight of
+    every CTA's own work and the slot model's independent slots (co-resident CTAs share an SM's
+    schedulers), not the spread of the clocks. Against this reference `recovered` is a policy's
+    share of the spread-induced loss alone, assuming the uniform chip's gap carries over to the
+    spread chip (docs/bounds.md section 8)."""
+    cv, hw_u, cv_u = (np.asarray(x, np.float64) for x in (clairvoyant_ns, uniform_hardware_ns, uniform_clairvoyant_ns))
+    check(bool(np.all(cv_u > 0)), "uniform_clairvoyant_ns", float(np.min(cv_u)), "> 0 ns")
+    check(bool(np.all(hw_u > 0)), "uniform_hardware_ns", float(np.min(hw_u)), "> 0 ns")
+    return cv * hw_u / cv_u
+
+
 # ----------------------------------------------------------------------------- the bounds
 
 

@@ -276,3 +276,18 @@ def test_recovered_share_of_the_loss():
     share = bounds.recovered(hw, policy, 100.0)
     np.testing.assert_allclose(share[:3], [0.5, -0.2, 1.0])
     assert np.isnan(share[3])  # no loss to recover
+
+
+def test_clairvoyant_with_the_uniform_chips_gap():
+    """The clairvoyant schedule scaled by hardware dispatch's gap to it on the uniform chip: on
+    the uniform chip itself it is hardware dispatch's makespan (no spread, no loss to win back),
+    elsewhere it scales with the clairvoyant schedule; shares against it are larger than against
+    the clairvoyant schedule wherever a policy beats hardware dispatch."""
+    cv, hw_u, cv_u = np.array([100.0, 120.0]), 102.0, 100.0
+    ref = bounds.clairvoyant_with_uniform_gap(cv, hw_u, cv_u)
+    np.testing.assert_allclose(ref, [102.0, 122.4])
+    assert float(bounds.clairvoyant_with_uniform_gap(cv_u, hw_u, cv_u)) == hw_u
+    hw, policy = np.array([110.0, 130.0]), np.array([106.0, 124.0])
+    assert np.all(bounds.recovered(hw, policy, ref) > bounds.recovered(hw, policy, cv))
+    with pytest.raises(js.JaxschedError, match="uniform_clairvoyant_ns"):
+        bounds.clairvoyant_with_uniform_gap(cv, hw_u, 0.0)
