@@ -50,9 +50,9 @@ def main() -> None:
         table = tomldoc.read(path, "kernel file")
         flat = {**table, "kernel": {**table["kernel"], "program": re.sub(r"\s*cta_spread=\d+", "",
                                                                          table["kernel"]["program"])}}
+        kernels = [kernel_from_dict(t, str(path), Path(path).parent) for t in (table, flat)]
         for grid in args.grids:
-            cells = [gap(arch, kernel_from_dict(t, str(path), Path(path).parent).replace(grid_ctas=np.asarray(grid, np.int32)))
-                     for t in (table, flat)]
+            cells = [gap(arch, k.replace(grid_ctas=np.asarray(grid, np.int32))) for k in kernels]
             print(f"| {Path(path).stem} | {grid} | " + " | ".join(f"{100 * c:+.2f} %" for c in cells) + " |")
 
 
