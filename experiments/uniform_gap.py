@@ -8,7 +8,7 @@ leave the spread-induced loss alone. This prints the gap per kernel and grid on 
 H200 at 1.8 GHz, and again with the kernel's per-CTA trip-count spread (`cta_spread`) removed,
 which shows how much of it is foresight of each CTA's work.
 
-    python experiments/uniform_gap.py [--grids 1056 2112 4224] [sweeps/kernels/few_long_ctas.toml ...]
+    python experiments/uniform_gap.py [sweeps/kernels/few_long_ctas.toml ...] [--grids 1056 2112 4224]
 """
 
 from __future__ import annotations
