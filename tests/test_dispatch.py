@@ -40,9 +40,13 @@ _MAX_CTAS = 132 * 8 * 4
 
 def _runs(arch: js.Arch, kernel: js.Kernel, clk: js.Clocks | None, *dispatches: str) -> list[js.Result]:
     """`js.simulate(arch, kernel, clk, dispatch=d)` for each of `dispatches`, as one batch of
-    the file's shared static sizes (each configuration of the batch runs alone on the CPU)."""
+    the file's shared static sizes (each configuration of the batch runs alone on the CPU).
+    Fast-forward is off: with eight CTAs of spread trip counts per SM it finds few recurring
+    periods (the 4-wave runs step 91-93 % of their ticks with it), and its search cost every
+    step about 70 % more time on the CPU (the file's runs are most of its 3-4 minutes).
+    Results are the same either way, bit for bit (tests/test_fast_forward.py)."""
     batch = js.simulate_batch([js.make_params(arch, kernel, clk, dispatch=d) for d in dispatches],
-                              closed_loop_step=True, max_ctas=_MAX_CTAS)
+                              closed_loop_step=True, max_ctas=_MAX_CTAS, fast_forward=False)
     return [jax.tree.map(lambda x, i=i: x[i], batch) for i in range(len(dispatches))]
 
 
