@@ -258,6 +258,9 @@ mean_ghz = 1.8
 """
 
 
+# The per-CTA trace of a padded run with more than `MAX_GRID` CTAs (its power of two beyond).
+LARGE_GRID = 256
+
 # Clock-trace rows every padded run compiles (the most a differential test asks for): rows are
 # written from the first on, so a run keeps what a shorter trace keeps, and runs without DVFS
 # (which write none) share the compilation of runs with it.
@@ -285,10 +288,11 @@ def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: st
     otherwise follow its occupancy, grid and program, and every hypothesis example would compile
     anew. Fast-forward (where the kernel may use it) and the loop tables (one loop, or the
     structured programs' `STRUCTURED_LOOPS`) follow the kernel as in a plain run: each selects a
-    form of the engine, and every form must meet the reference. A larger grid pads to its power
-    of two, so that the few examples with one share a handful of compilations."""
+    form of the engine, and every form must meet the reference. A larger grid pads to
+    `LARGE_GRID` (beyond it, to its power of two), so that the examples with one (persistent
+    and cooperative grids of the launch-mode and fast-forward tests) share a compilation."""
     grid = sum(int(k.grid_ctas) for k in kernel.kernels) if isinstance(kernel, js.Workload) else int(kernel.grid_ctas)
-    grid = MAX_GRID if grid <= MAX_GRID else 1 << (grid - 1).bit_length()
+    grid = MAX_GRID if grid <= MAX_GRID else max(LARGE_GRID, 1 << (grid - 1).bit_length())
     assert 0 <= trace_len <= TRACE_ROWS, "raise TRACE_ROWS"
     batch = simulate_batch([arch], [_padded_program(kernel)], [clocks], [WARP_POLICIES.index(warp_policy)],
                            [DISPATCH_POLICIES.index(dispatch)], [dispatch_start], dispatch_weight=[dispatch_weight],
