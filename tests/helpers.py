@@ -306,6 +306,24 @@ def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: st
                                        for key in ("trace_tick", "trace_mhz", "trace_mw", "trace_mk")})
 
 
+def simulate_pinned(arch: js.Arch, kernel, clocks: js.Clocks | None = None, *, statics: dict, trace_len: int = 0,
+                    max_ticks: int = MAX_TICKS, **config) -> Result:
+    """`js.simulate(arch, kernel, clocks, **config)` as a batch of one with the static choices
+    `statics` (`simulate_batch`'s keywords: `cta_slots`, `max_ctas`, `closed_loop_step`, ...),
+    its per-CTA trace cut to the run's CTAs as `js.simulate` cuts it. `js.simulate` sizes each
+    run by its own occupancy, grid and policies, so a file of hand-written cases compiled once
+    per case (several seconds each); with one `statics` for the file they share a compilation
+    per program length and number of launches. Results are the same either way: every padded
+    size is exact (`engine/mechanics/sizes.py`, tests/test_cta_slots.py, tests/test_sizes.py)."""
+    batch = simulate_batch([js.make_params(arch, kernel, clocks, **config)], trace_len=trace_len,
+                           max_ticks=max_ticks, **statics)
+    one = jax.tree.map(lambda x: x[0], batch)
+    kernels = kernel.kernels if isinstance(kernel, js.Workload) else (kernel,)
+    n = sum(int(k.grid_ctas) for k in kernels)
+    return dataclasses.replace(one, **{key: getattr(one, key)[:n]
+                                       for key in ("cta_sm", "cta_start_tick", "cta_end_tick", "cta_kernel")})
+
+
 def cuda_tools() -> dict[str, str] | None:
     """Paths of `nvcc` and `cuobjdump` for compiling test kernels: the test extra's wheels
     (nvidia-cuda-nvcc, nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm: `pip install -e '.[test]'`),

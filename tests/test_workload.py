@@ -18,7 +18,7 @@ from jaxsched.errors import JaxschedError
 from jaxsched.kernel import resident_grid
 from jaxsched.workload import make_workload, single, workload_from_dict
 
-from helpers import small_arch
+from helpers import simulate_pinned, small_arch
 
 ARCH = small_arch(4)
 N_SM = ARCH.sm_count
@@ -31,6 +31,16 @@ WIDE = js.make_kernel("loop 60\n fma dep\n fma dep\nend", grid=N_SM, threads=128
 SHORT = js.make_kernel("loop 4\n fma dep\nend", grid=N_SM, threads=128, pad_to=PAD, seed=3)
 # Small overheads (ns) so that concurrency, not the host, decides the timeline.
 QUICK = dict(launch_api_ns=20.0, launch_gap_ns=10.0)
+# The static sizes of the file's single runs: every CTA slot the kernels below use, the largest
+# grid (the leftover test's 392 CTAs, rounded as the engine rounds it), the closed loop's
+# learning and fast-forward's search compiled in, so that the runs share one compilation per
+# number of launches (13 compilations before, one per grid, occupancy and policy family).
+STATICS = dict(cta_slots=16, max_ctas=448, closed_loop_step=True, fast_forward_step=True)
+
+
+def simulate(arch: js.Arch, kernel, clocks: js.Clocks | None = None, **config) -> js.Result:
+    """`js.simulate` with the file's `STATICS` (`helpers.simulate_pinned`)."""
+    return simulate_pinned(arch, kernel, clocks, statics=STATICS, **config)
 
 
 ARRAYS = [name for name in js.Result.__dataclass_fields__ if name != "max_warps_per_sm"]
@@ -41,7 +51,7 @@ def ticks(ns: float, result: js.Result) -> int:
 
 
 def test_independent_streams_overlap() -> None:
-    r = js.simulate(ARCH, make_workload([LONG, WIDE], streams=[0, 1], **QUICK))
+    r = simulate(ARCH, make_workload([LONG, WIDE], streams=[0, 1], **QUICK))
     start, end = np.asarray(r.kernel_start_tick), np.asarray(r.kernel_end_tick)
     assert start[1] < end[0]  # the second kernel runs beside the first
     api, gap = ticks(20, r), ticks(10, r)  # rounded each on its own (section 13)
@@ -55,7 +65,7 @@ def test_independent_streams_overlap() -> None:
 
 def test_event_dependency_serialises() -> None:
     w = make_workload([LONG, WIDE], streams=[0, 1], after=[[], [0]], **QUICK)
-    r = js.simulate(ARCH, w)
+    r = simulate(ARCH, w)
     ready, start, end = (np.asarray(x) for x in (r.kernel_ready_tick, r.kernel_start_tick, r.kernel_end_tick))
     gap = ticks(10, r)
     assert ready[1] == end[0] + 1 + gap  # the host submitted it long before
@@ -63,7 +73,7 @@ def test_event_dependency_serialises() -> None:
     assert start[1] == ready[1]  # an idle chip takes it at once
     assert int(r.makespan_ticks) == end[1] + 1
     # The same order by stream: one stream runs its launches one after another.
-    same = js.simulate(ARCH, make_workload([LONG, WIDE], streams=[0, 0], **QUICK))
+    same = simulate(ARCH, make_workload([LONG, WIDE], streams=[0, 0], **QUICK))
     assert np.asarray(same.kernel_start_tick).tolist() == start.tolist()
 
 
@@ -72,9 +82,9 @@ def test_graph_removes_most_of_the_launch_overhead_of_a_chain() -> None:
     chain = [SHORT] * n
     # Overheads of the order measured on an H200 (the presets' calibrated values may move).
     over = dict(launch_api_ns=2000.0, launch_gap_ns=1000.0, graph_api_ns=2500.0, graph_gap_ns=400.0)
-    stream = js.simulate(ARCH, make_workload(chain, mode="stream", **over))
-    graph = js.simulate(ARCH, make_workload(chain, mode="graph", **over))
-    busy_ns = float(js.simulate(ARCH, SHORT).makespan_ns)  # one kernel without any overhead
+    stream = simulate(ARCH, make_workload(chain, mode="stream", **over))
+    graph = simulate(ARCH, make_workload(chain, mode="graph", **over))
+    busy_ns = float(simulate(ARCH, SHORT).makespan_ns)  # one kernel without any overhead
     overhead_per_kernel = (float(stream.makespan_ns) - n * busy_ns) / n
     saving_per_kernel = (float(stream.makespan_ns) - float(graph.makespan_ns)) / n
     assert overhead_per_kernel > 0.9 * over["launch_api_ns"]  # the host's calls set the pace
@@ -92,10 +102,10 @@ def test_one_launch_without_overhead_is_the_kernel(dispatch: str) -> None:
                             " end\n lds ways=2\nend\nbar", grid=3 * N_SM + 3, threads=96, regs=128, pad_to=PAD,
                             seed=11)
     clk = js.clocks.from_array(ARCH, np.linspace(1400, 1980, ARCH.n_sm_slots))
-    plain = js.simulate(ARCH, kernel, clk, dispatch=dispatch, ema_prior_ns=50.0)
+    plain = simulate(ARCH, kernel, clk, dispatch=dispatch, ema_prior_ns=50.0)
     zero = {k: 0.0 for k in ("launch_api_ns", "launch_gap_ns", "graph_api_ns", "graph_gap_ns")}
     for workload in (single(kernel), make_workload([kernel], mode="graph", **zero)):
-        got = js.simulate(ARCH, workload, clk, dispatch=dispatch, ema_prior_ns=50.0)
+        got = simulate(ARCH, workload, clk, dispatch=dispatch, ema_prior_ns=50.0)
         for name in ARRAYS:
             np.testing.assert_array_equal(np.asarray(getattr(got, name)), np.asarray(getattr(plain, name)), err_msg=name)
     assert np.asarray(plain.kernel_ready_tick).tolist() == [0]
@@ -106,7 +116,7 @@ def test_one_launch_without_overhead_is_the_kernel(dispatch: str) -> None:
 def test_leftover_policy_a_full_kernel_delays_a_concurrent_one() -> None:
     big = js.make_kernel("loop 30\n fma dep\n fma dep\nend", grid=3 * resident_grid(ARCH, LONG), threads=128,
                          pad_to=PAD)
-    r = js.simulate(ARCH, make_workload([big, SHORT], streams=[0, 1], **QUICK))
+    r = simulate(ARCH, make_workload([big, SHORT], streams=[0, 1], **QUICK))
     kernel = np.asarray(r.cta_kernel)
     starts = np.asarray(r.cta_start_tick)
     last_big = starts[kernel == 0].max()
@@ -115,7 +125,7 @@ def test_leftover_policy_a_full_kernel_delays_a_concurrent_one() -> None:
     assert start[1] >= last_big  # ... but it gets room only once the big kernel's last CTA is placed
     assert np.all(starts[kernel == 1] >= last_big)
     # A kernel that leaves room lets the concurrent one in beside it at once.
-    r = js.simulate(ARCH, make_workload([LONG, SHORT], streams=[0, 1], **QUICK))
+    r = simulate(ARCH, make_workload([LONG, SHORT], streams=[0, 1], **QUICK))
     assert int(r.kernel_start_tick[1]) == int(r.kernel_ready_tick[1])
 
 
@@ -125,7 +135,7 @@ def test_ages_prefer_the_earlier_launch() -> None:
     busy = js.make_kernel("loop 40\n alu\n fma\n alu\nend", grid=N_SM, threads=128, pad_to=PAD)
     w = make_workload([busy, busy.replace(grid_ctas=np.int32(N_SM // 2))], streams=[0, 1],
                       launch_api_ns=0.0, launch_gap_ns=0.0)
-    r = js.simulate(ARCH, w, warp_policy="oldest")
+    r = simulate(ARCH, w, warp_policy="oldest")
     end, kernel, sm = (np.asarray(x)[: 3 * N_SM // 2] for x in (r.cta_end_tick, r.cta_kernel, r.cta_sm))
     assert np.asarray(r.kernel_start_tick).tolist() == [0, 0]
     shared = np.isin(sm, sm[kernel == 1])
