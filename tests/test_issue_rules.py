@@ -2,15 +2,16 @@
 (`issue_cost64`, section 7), the taken branch's refetch (`taken_branch_cycles`) and the launch
 credit (`cta_launch_idle_cycles`, sections 7 and 9), plus the neutral values of all three.
 
-Every case runs on one chip shape with one grid size and program length, so the engine compiles
-once: the rules' parameters, programs, policies and clocks are traced. The chips run at their
-boost clock, so a tick is an SM cycle."""
+Every case on the test chip runs on one chip shape with one grid size and program length, and
+with the file's static sizes (`STATICS`: every CTA slot, the closed loop and fast-forward
+compiled in), so the engine compiles once for them: the rules' parameters, programs, policies
+and clocks are traced. The chips run at their boost clock, so a tick is an SM cycle."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import hand_h200, small_arch
+from helpers import hand_h200, simulate_pinned, small_arch
 
 import jaxsched as js
 from jaxsched import clocks, reference
@@ -23,6 +24,14 @@ FIRST_SM, SECOND_SM = np.flatnonzero(np.asarray(TWO_SMS.sm_enabled))
 ONE_SM = TWO_SMS.replace(sm_enabled=np.arange(TWO_SMS.n_sm_slots) == FIRST_SM)
 WAIT = js.Result.stall_reasons.index("wait")
 PIPE_THROTTLE = js.Result.stall_reasons.index("math_pipe_throttle")
+# One compilation for every case on the test chip (five before: one per occupancy and policy
+# family).
+STATICS = dict(cta_slots=32, max_ctas=GRID, closed_loop_step=True, fast_forward_step=True)
+
+
+def simulate(arch: js.Arch, kernel: js.Kernel, clk: js.Clocks | None = None, **config) -> js.Result:
+    """`js.simulate` with the file's `STATICS` (`helpers.simulate_pinned`)."""
+    return simulate_pinned(arch, kernel, clk, statics=STATICS, **config)
 
 
 def _arch(base: js.Arch, fma_issue: float = 1.0, taken_branch: int = 0, idle_cycles: int = 0, **kw) -> js.Arch:
@@ -49,7 +58,7 @@ def test_fma_stream_issues_at_the_fractional_interval(fma_issue, cycles_per_32, 
     arch = _arch(TWO_SMS, fma_issue=fma_issue)
 
     def run(trips: int) -> js.Result:
-        return js.simulate(arch, _kernel(f"loop {trips}\n fma{dep}\nend", threads=1024), warp_policy="lrr")
+        return simulate(arch, _kernel(f"loop {trips}\n fma{dep}\nend", threads=1024), warp_policy="lrr")
 
     short, long = run(40), run(104)
     assert np.all(np.asarray(short.sm_ctas)[[FIRST_SM, SECOND_SM]] == 2)  # 16 warps per scheduler
@@ -62,7 +71,7 @@ def test_lone_warp_issues_two_fmas_in_three_cycles_at_interval_one_and_a_half():
     frees (floor(pipe_free64 / 64)), so issues fall at cycles 1, 2, 4, 5, 7, ... and the EXIT
     follows the last FMA at once."""
     n = 30  # FMA n (0-based) issues at cycle 1 + n + n // 2
-    r = js.simulate(_arch(TWO_SMS, fma_issue=1.5), _kernel(f"loop {n}\n fma\nend", threads=32))
+    r = simulate(_arch(TWO_SMS, fma_issue=1.5), _kernel(f"loop {n}\n fma\nend", threads=32))
     last_fma = 1 + (n - 1) + (n - 1) // 2
     assert int(r.makespan_ticks) == last_fma + 2
     assert int(np.sum(r.sm_stalls[:, PIPE_THROTTLE])) == GRID * ((n - 1) // 2)  # one cycle per pair
@@ -84,7 +93,7 @@ def test_taken_branch_delays_each_trip(taken_branch, dep, persistent):
     trips = 12
     text = f"loop {trips}\n fma{' dep' if dep else ''}\nend"
     kernel = _kernel(text, threads=32, work_items=GRID * trips if persistent else 0)
-    r = js.simulate(_arch(TWO_SMS, taken_branch=taken_branch), kernel)
+    r = simulate(_arch(TWO_SMS, taken_branch=taken_branch), kernel)
     per_trip = max(FMA_LAT if dep else 1, taken_branch, 1)
     # first FMA at cycle 1, the EXIT one cycle after the last FMA
     assert int(r.makespan_ticks) == 1 + (trips - 1) * per_trip + 2
@@ -105,7 +114,7 @@ def test_a_barrier_at_the_back_edge_releases_into_the_refetch(taken_branch):
     arch, kernel = _arch(TWO_SMS, taken_branch=taken_branch), _kernel(f"loop {trips}\n fma\n bar\nend", threads=32)
     per_trip = 1 + max(1, taken_branch)
     expected = 1 + (trips - 1) * per_trip + 3  # FMA at 1, ..., last BAR, EXIT a cycle later
-    assert int(js.simulate(arch, kernel).makespan_ticks) == expected
+    assert int(simulate(arch, kernel).makespan_ticks) == expected
     assert int(reference.simulate(arch, kernel, clocks.uniform(arch))["makespan_ticks"]) == expected
 
 
@@ -127,7 +136,7 @@ def test_busy_sm_refills_a_slot_only_after_collecting_credit(idle_cycles):
     scheduler issuing; from e2 + 1 all four are starved and collect the credit in
     idle_cycles / 4 cycles: CTA 3 starts at e2 + idle_cycles / 4 and runs alone for 8 W."""
     arch = _arch(ONE_SM, idle_cycles=idle_cycles, cta_launch_ns=np.float32(0.0))
-    r = js.simulate(arch, _kernel(BUSY, threads=1024), warp_policy="gto")
+    r = simulate(arch, _kernel(BUSY, threads=1024), warp_policy="gto")
     w = 201
     e0 = 8 * w
     e1 = e0 + 9 * w
@@ -140,7 +149,7 @@ def test_busy_sm_refills_a_slot_only_after_collecting_credit(idle_cycles):
 
 def test_without_credit_both_slots_fill_at_once():
     """The same SM with the rule off (0): two CTAs at tick 0, the third when the first ends."""
-    r = js.simulate(_arch(ONE_SM, idle_cycles=0, cta_launch_ns=np.float32(0.0)), _kernel(BUSY, threads=1024))
+    r = simulate(_arch(ONE_SM, idle_cycles=0, cta_launch_ns=np.float32(0.0)), _kernel(BUSY, threads=1024))
     start, end = np.asarray(r.cta_start_tick), np.asarray(r.cta_end_tick)
     np.testing.assert_array_equal(start[:2], [0, 0])
     assert start[2] == min(end[0], end[1])
@@ -163,7 +172,7 @@ def test_first_wave_fills_every_slot_in_tick_0_and_refills_wait_for_credit(idle_
     1 tick after e for K <= 3, 2 for K = 7, 3 for K = 8, 4 for K = 12, and at e with K = 0."""
     assert FMA_LAT >= 4  # CTA 2's warp issues nothing more in cycles e + 2 .. e + 4
     arch = _arch(ONE_SM, idle_cycles=idle_cycles, cta_launch_ns=np.float32(0.0))
-    r = js.simulate(arch, _kernel("loop 50\n fma dep\nend", threads=32, smem_bytes=TWO_SLOT_SMEM))
+    r = simulate(arch, _kernel("loop 50\n fma dep\nend", threads=32, smem_bytes=TWO_SLOT_SMEM))
     e = 2 + 49 * FMA_LAT
     start3 = e + wait_ticks
     np.testing.assert_array_equal(np.asarray(r.cta_start_tick), [0, 0, e, start3])
@@ -216,7 +225,7 @@ def test_neutral_parameters_reproduce_the_engine_before_the_rules(dispatch, warp
     mhz = np.full(arch.n_sm_slots, 1980.0)
     mhz[SECOND_SM] = 1200.0
     kernel = js.make_kernel(RICH, grid=GRID, threads=256, regs=255, l2_hit_rate=0.5, seed=7, pad_to=PAD)
-    r = js.simulate(arch, kernel, clocks.from_array(arch, mhz), warp_policy=warp_policy, dispatch=dispatch,
+    r = simulate(arch, kernel, clocks.from_array(arch, mhz), warp_policy=warp_policy, dispatch=dispatch,
                     ema_prior_ns=100.0)
     want = BEFORE[dispatch]
     assert int(r.makespan_ticks) == want["makespan_ticks"]
