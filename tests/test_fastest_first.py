@@ -10,15 +10,23 @@ import numpy as np
 import jaxsched as js
 from jaxsched import reference
 
-from helpers import small_arch
+from helpers import simulate_pinned, small_arch
 
 ARCH = small_arch(4)  # 8 SMs x 8 CTA slots of 256-thread CTAs
 MHZ = [1200.0, 1980.0, 900.0, 1605.0, 1500.0, 1100.0, 1300.0, 1700.0]  # one per SM slot, all enabled
+# The file's runs share one compilation (three before, one per grid): the largest grid below,
+# fast-forward's search compiled in.
+STATICS = dict(cta_slots=8, max_ctas=200, fast_forward_step=True)
+
+
+def simulate(arch: js.Arch, kernel, clk: js.Clocks | None = None, **config) -> js.Result:
+    """`js.simulate` with the file's `STATICS` (`helpers.simulate_pinned`)."""
+    return simulate_pinned(arch, kernel, clk, statics=STATICS, **config)
 
 
 def _both(kernel: js.Kernel, mhz: list[float]) -> tuple:
     clk = js.clocks.from_array(ARCH, mhz)
-    engine = js.simulate(ARCH, kernel, clk, dispatch="fastest_first")
+    engine = simulate(ARCH, kernel, clk, dispatch="fastest_first")
     plain = reference.simulate(ARCH, kernel, clk, dispatch="fastest_first")
     return engine, plain
 
@@ -34,7 +42,7 @@ def test_one_wave_fills_the_fastest_sms_first():
     expected[order[:3]] = per_sm
     assert np.asarray(engine.sm_ctas).tolist() == expected.tolist()
     assert np.asarray(plain["sm_ctas"]).tolist() == expected.tolist()
-    hardware = js.simulate(ARCH, kernel, js.clocks.from_array(ARCH, MHZ), dispatch="hardware")
+    hardware = simulate(ARCH, kernel, js.clocks.from_array(ARCH, MHZ), dispatch="hardware")
     assert np.count_nonzero(np.asarray(hardware.sm_ctas)) == ARCH.sm_count
 
 
@@ -43,7 +51,7 @@ def test_equal_clocks_fall_back_to_most_room_then_rank():
     kernel = js.make_kernel("loop 6 cta_spread=2\n fma dep\n sfu dep\nend", grid=150, threads=256, regs=32)
     mhz = [1500.0] * ARCH.n_sm_slots
     engine, plain = _both(kernel, mhz)
-    hardware = js.simulate(ARCH, kernel, js.clocks.from_array(ARCH, mhz), dispatch="hardware")
+    hardware = simulate(ARCH, kernel, js.clocks.from_array(ARCH, mhz), dispatch="hardware")
     assert np.asarray(engine.cta_sm).tolist() == np.asarray(hardware.cta_sm).tolist()
     assert np.asarray(engine.cta_sm).tolist() == np.asarray(plain["cta_sm"]).tolist()
     assert int(engine.makespan_ticks) == int(plain["makespan_ticks"])
