@@ -18,6 +18,18 @@ from jaxsched import params, reference
 from jaxsched.engine.dispatch_policies import clock_regression as engine_twin
 from jaxsched.reference_dispatch import clock_regression as reference_twin
 
+from helpers import simulate_pinned
+
+# The whole runs below share one compilation per number of launches (four before, one per
+# occupancy, grid and policy family): every CTA slot they use, the largest grid, the closed
+# loop's learning and fast-forward's search compiled in.
+STATICS = dict(cta_slots=8, max_ctas=96, closed_loop_step=True, fast_forward_step=True)
+
+
+def simulate(arch: js.Arch, kernel, clk: js.Clocks | None = None, **config) -> js.Result:
+    """`js.simulate` with the file's `STATICS` (`helpers.simulate_pinned`)."""
+    return simulate_pinned(arch, kernel, clk, statics=STATICS, **config)
+
 
 def _engine_fit(total: list[int], count: list[int], mhz: list[int]) -> list[int]:
     with jax.enable_x64(True):  # as the engine runs
@@ -90,7 +102,7 @@ def test_runs_are_the_same_in_both_engines_on_unequal_sms():
     arch = js.archio.load(Path(__file__).parents[1] / "sweeps" / "arches" / "h200_8sm.toml")
     kernel = js.make_kernel("loop 64 cta_spread=6\n fma dep\n fma dep\nend", grid=64, threads=512, regs=64)
     clk = js.clocks.gaussian(arch, 2, 1.8, 0.2)
-    fast = js.simulate(arch, kernel, clk, dispatch="clock_regression", hold_margin=0.0)
+    fast = simulate(arch, kernel, clk, dispatch="clock_regression", hold_margin=0.0)
     plain = reference.simulate(arch, kernel, clk, dispatch="clock_regression", hold_margin=0.0)
     assert int(fast.makespan_ticks) == int(plain["makespan_ticks"])
     for field in ("cta_sm", "cta_start_tick", "cta_end_tick"):
@@ -102,7 +114,7 @@ def test_on_a_uniform_chip_it_is_hardware_dispatch():
     # memory-mix shape, whose CTA durations vary by CTA, on 8 SMs at one clock.
     arch = js.archio.load(Path(__file__).parents[1] / "sweeps" / "arches" / "h200_8sm.toml")
     kernel = js.make_kernel("loop 4 cta_spread=2\n ldg\n fma dep\nend", grid=96, threads=256, regs=32)
-    runs = [js.simulate(arch, kernel, js.clocks.uniform(arch), dispatch=d, hold_margin=0.0)
+    runs = [simulate(arch, kernel, js.clocks.uniform(arch), dispatch=d, hold_margin=0.0)
             for d in ("hardware", "clock_regression")]
     for field in ("makespan_ticks", "cta_sm", "cta_start_tick"):
         np.testing.assert_array_equal(np.asarray(getattr(runs[0], field)), np.asarray(getattr(runs[1], field)))
@@ -116,7 +128,7 @@ def test_concurrent_launches_keep_their_own_fits_in_both_engines():
     short = js.make_kernel("loop 12\n fma dep\n ldg\nend", grid=56, threads=256, regs=32)
     work = js.workload.make_workload([long, short], streams=[0, 1])
     clk = js.clocks.gaussian(arch, 2, 1.8, 0.2)
-    fast = js.simulate(arch, work, clk, dispatch="clock_regression", hold_margin=0.0)
+    fast = simulate(arch, work, clk, dispatch="clock_regression", hold_margin=0.0)
     plain = reference.simulate(arch, work, clk, dispatch="clock_regression", hold_margin=0.0)
     assert int(fast.makespan_ticks) == int(plain["makespan_ticks"])
     for field in ("cta_sm", "cta_start_tick", "cta_end_tick", "cta_kernel"):
