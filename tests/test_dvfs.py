@@ -14,7 +14,7 @@ import jaxsched as js
 from jaxsched import dvfs
 from jaxsched.errors import JaxschedError
 
-from helpers import small_arch
+from helpers import simulate_pinned, small_arch
 
 ARCH = small_arch(4)
 N_SM = ARCH.sm_count
@@ -29,6 +29,15 @@ HEAVY_THEN_LIGHT = js.make_kernel("loop 300\n fma\n fma\n fma\n fma\nend\n" + "l
 COMPUTE = js.make_kernel("loop 60\n fma dep\n fma dep\nend", grid=N_SM * 2, threads=128, regs=32, pad_to=PAD)
 MEMORY = js.make_kernel("loop 6\n ldg bytes=32 dep\nend", grid=N_SM * 2, threads=128, regs=32,
                         l2_hit_rate=0.0, pad_to=PAD)
+# The file's single runs share one compilation (five before, one per occupancy, grid and DVFS
+# on or off): every CTA slot and the largest grid of the kernels above, `TRACE` rows of the
+# clock trace, the DVFS step and fast-forward's search compiled in.
+STATICS = dict(cta_slots=16, max_ctas=64, dvfs_step=True, fast_forward_step=True)
+
+
+def simulate(arch: js.Arch, kernel: js.Kernel, clk: js.Clocks | None = None, **config) -> js.Result:
+    """`js.simulate` with the file's `STATICS` and `TRACE` rows (`helpers.simulate_pinned`)."""
+    return simulate_pinned(arch, kernel, clk, statics=STATICS, trace_len=TRACE, **config)
 
 
 def params(**overrides) -> dvfs.Dvfs:
@@ -39,7 +48,7 @@ def params(**overrides) -> dvfs.Dvfs:
 
 
 def run(kernel=HEAVY_THEN_LIGHT, **overrides) -> js.Result:
-    return js.simulate(ARCH, kernel, dvfs=params(**overrides), trace_len=TRACE)
+    return simulate(ARCH, kernel, dvfs=params(**overrides))
 
 
 def rows(result: js.Result) -> np.ndarray:
@@ -91,15 +100,15 @@ def test_clock_lock_holds_the_clock_and_still_tracks_power() -> None:
     r = run(mode="lock", lock_mhz=1500.0)
     assert np.all(np.asarray(r.trace_mhz)[rows(r)] == 1500)
     assert np.asarray(r.trace_mw)[rows(r)].max() > 0
-    static = js.simulate(ARCH, HEAVY_THEN_LIGHT, js.clocks.uniform(ARCH, 1.5))
+    static = simulate(ARCH, HEAVY_THEN_LIGHT, js.clocks.uniform(ARCH, 1.5))
     # Different time bases (1980 vs 1500 MHz ticks), the same clock: only memory latency rounding differs.
     assert float(r.makespan_ns) == pytest.approx(float(static.makespan_ns), rel=2e-3)
 
 
 def test_compute_bound_time_follows_the_locked_clock_memory_bound_time_does_not() -> None:
     def ratio(kernel) -> float:
-        slow = js.simulate(ARCH, kernel, dvfs=dvfs.locked(ARCH, 990.0))
-        fast = js.simulate(ARCH, kernel, dvfs=dvfs.locked(ARCH, 1980.0))
+        slow = simulate(ARCH, kernel, dvfs=dvfs.locked(ARCH, 990.0))
+        fast = simulate(ARCH, kernel, dvfs=dvfs.locked(ARCH, 1980.0))
         return float(slow.makespan_ns) / float(fast.makespan_ns)
 
     assert ratio(COMPUTE) == pytest.approx(2.0, rel=0.02)
@@ -142,8 +151,8 @@ def test_bad_dvfs_parameters_name_the_field(field: str, value: float, words: str
 
 
 def test_dvfs_off_changes_nothing() -> None:
-    plain = js.simulate(ARCH, COMPUTE)
-    off = js.simulate(ARCH, COMPUTE, dvfs=dvfs.off(ARCH))
+    plain = simulate(ARCH, COMPUTE)
+    off = simulate(ARCH, COMPUTE, dvfs=dvfs.off(ARCH))
     assert int(plain.makespan_ticks) == int(off.makespan_ticks)
     assert np.all(np.asarray(off.sm_energy_pj) == 0) and np.all(np.asarray(off.trace_tick) == -1)
 
