@@ -8,11 +8,24 @@ import pytest
 
 import jaxsched as js
 from jaxsched import clocks
+from jaxsched.kernel import pad_program
 
-from helpers import RULES_OFF
+from helpers import RULES_OFF, simulate_pinned
 
 H200 = js.presets.get("h200")
 FMA_LAT = int(H200.latency_cycles[js.Op.FMA])
+# The runs of up to 8 CTAs per SM share one compilation (six before, one per occupancy, grid,
+# program length and fast-forward on or off): 8 CTA slots, the largest grid below (fma_ldg's
+# 4224 CTAs, as the engine rounds it), programs padded to 16 instructions, fast-forward's
+# search compiled in.
+STATICS = dict(cta_slots=8, max_ctas=5120, fast_forward_step=True)
+PAD = 16
+
+
+def simulate(arch: js.Arch, kernel: js.Kernel, clk: js.Clocks | None = None, **config) -> js.Result:
+    """`js.simulate` with the file's `STATICS`, the program padded to `PAD` instructions
+    (`helpers.simulate_pinned`)."""
+    return simulate_pinned(arch, pad_program(kernel, max(PAD, kernel.n_instr)), clk, statics=STATICS, **config)
 
 
 def test_one_warp_of_n_dependent_fmas_takes_n_latencies():
@@ -33,7 +46,7 @@ def test_sixteen_warps_per_scheduler_are_issue_bound():
     arch = H200.replace(sm_enabled=np.arange(H200.n_sm_slots) < 1, **RULES_OFF)
     trips = 50
     kernel = js.make_kernel(f"loop {trips}\n fma dep\nend", grid=2, threads=1024)
-    r = js.simulate(arch, kernel, warp_policy="lrr")
+    r = simulate(arch, kernel, warp_policy="lrr")
     issued = int(r.sm_issued[0])
     assert issued == 64 * (trips + 1)
     # 4 schedulers issue every cycle once the pipeline is full: makespan ~ issued / 4.
@@ -43,7 +56,7 @@ def test_sixteen_warps_per_scheduler_are_issue_bound():
 
 def _makespan_ns(kernel_text: str, ghz: float, **kw) -> float:
     kernel = js.make_kernel(kernel_text, grid=264, threads=256, **kw)
-    return float(js.simulate(H200, kernel, clocks.uniform(H200, ghz)).makespan_ns)
+    return float(simulate(H200, kernel, clocks.uniform(H200, ghz)).makespan_ns)
 
 
 def test_memory_bound_ignores_clock_compute_bound_scales():
@@ -63,7 +76,7 @@ def test_gto_staggers_coresident_ctas_lrr_keeps_them_together():
     kernel = js.make_kernel("loop 5\n" + " fma dep\n" * 8 + "end", grid=8, threads=256)
     spread = {}
     for policy in ("gto", "lrr"):
-        r = js.simulate(arch, kernel, warp_policy=policy)
+        r = simulate(arch, kernel, warp_policy=policy)
         end = np.asarray(r.cta_end_tick)
         spread[policy] = (end.min() / end.max(), end)
     first_over_last_gto, end_gto = spread["gto"]
@@ -76,7 +89,7 @@ def test_gto_staggers_coresident_ctas_lrr_keeps_them_together():
 def test_every_cta_runs_once_and_hardware_dispatch_balances():
     kernel = js.load_kernel("sweeps/kernels/divergent.toml")
     for dispatch in ("hardware", "round_robin"):
-        r = js.simulate(H200, kernel, dispatch=dispatch, dispatch_start=17)
+        r = simulate(H200, kernel, dispatch=dispatch, dispatch_start=17)
         n = int(kernel.grid_ctas)
         assert int(np.sum(r.sm_ctas)) == n
         assert np.all(np.asarray(r.cta_sm)[:n] >= 0)
@@ -86,7 +99,7 @@ def test_every_cta_runs_once_and_hardware_dispatch_balances():
 
 def test_makespan_at_least_the_obvious_lower_bounds():
     kernel = js.load_kernel("sweeps/kernels/fma_ldg.toml")
-    r = js.simulate(H200, kernel)
+    r = simulate(H200, kernel)
     enabled = np.asarray(H200.sm_enabled)
     # Issue bound: no SM issues more than 4 instructions per cycle.
     assert np.all(np.asarray(r.sm_issued)[enabled] <= 4 * np.asarray(r.sm_cycles)[enabled])
@@ -102,8 +115,8 @@ def test_results_are_bit_identical_across_runs():
     kernel = js.load_kernel("sweeps/kernels/divergent.toml")
     rng = np.random.default_rng(1)
     clk = clocks.from_array(H200, rng.uniform(1500, 1980, H200.n_sm_slots))
-    a = js.simulate(H200, kernel, clk, warp_policy="oldest")
-    b = js.simulate(H200, kernel, clk, warp_policy="oldest")
+    a = simulate(H200, kernel, clk, warp_policy="oldest")
+    b = simulate(H200, kernel, clk, warp_policy="oldest")
     for name in a.__dataclass_fields__:
         assert np.array_equal(np.asarray(getattr(a, name)), np.asarray(getattr(b, name))), name
 
