@@ -308,7 +308,7 @@ def test_run_names_the_binding_bound(capsys, tmp_path):
 def test_run_no_fast_forward_same_numbers(capsys, tmp_path):
     """`--no-fast-forward` steps every event: the same numbers, more ticks processed."""
     kernel = tmp_path / "loop.toml"
-    kernel.write_text('name = "loop"\ngrid = 264\nthreads = 256\nregs = 32\n'
+    kernel.write_text('name = "loop"\ngrid = 1056\nthreads = 256\nregs = 32\n'
                       'program = "loop 40\\n fma dep\\n alu\\n alu dep\\nend"\n')
     docs = []
     for extra in ((), ("--no-fast-forward",)):
