@@ -67,10 +67,12 @@ if os.environ.get("HYPOTHESIS_PROFILE", "fixed") == "fixed":
 
 
 # Every compiled simulation stays in JAX's caches for the worker's life (about 50-100 MB each at
-# -O0), which took a worker to 5.8 GB by the end of the suite. Past 1 GB a finished test
-# file's programs are dropped; the next file compiles what it needs (a file rarely reuses
-# another's shapes).
-WORKER_RSS_LIMIT_BYTES = 1 << 30
+# -O0), which took a worker to 5.8 GB by the end of the suite. Past 4 GB a finished test file's
+# programs are dropped (CI's runner has 24 GiB for its two workers); below it the next file
+# runs the shapes it shares with earlier ones (the differential tests' padded shapes,
+# helpers.simulate_padded) at once, where after a drop it traces them again (3-5 s each) to
+# load them from the run's XLA cache.
+WORKER_RSS_LIMIT_BYTES = 4 << 30
 
 
 def _rss_bytes() -> int:
