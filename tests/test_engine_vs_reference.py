@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 from jaxsched import clocks, reference
 from jaxsched.engine.run import MAX_TICKS, simulate_batch
 from jaxsched.errors import JaxschedError
-from jaxsched.kernel import make_kernel
+from jaxsched.kernel import MAX_DEP_SLOTS, make_kernel, pad_program
 from jaxsched.lower import WARP_POLICIES
 
-from helpers import configurations, examples, MAX_GRID, simulate_padded, small_arch
+from helpers import (configurations, examples, MAX_GRID, N_INSTR, simulate_padded, small_arch, STRUCTURED_BRANCHES,
+                     STRUCTURED_LOOPS)
 
 INT_KEYS = ("sm_cycles", "sm_busy_cycles", "sm_issued", "sm_issued_op", "sm_active_lanes", "sm_warp_cycles",
             "sm_stalls", "sm_ctas")
@@ -64,13 +65,30 @@ def test_engine_equals_reference(cfg: dict) -> None:
 _BATCH = 4
 
 
+def _batch_statics(members: list[dict]) -> dict:
+    """The batch's static choices, every one at the most the strategies draw, so that one
+    compilation serves every example (three or four before: fast-forward, the loop tables, the
+    data tables and the dependence slots followed the draws). It is the richest form of the
+    engine: fast-forward's search, the structured programs' loop and branch tables, data
+    tables and every dependence slot compiled in; test_engine_equals_reference covers the
+    others."""
+    return dict(closed_loop_step=True, fast_forward_step=True, data_tables=True, dep_slots=MAX_DEP_SLOTS,
+                cta_slots=int(members[0]["arch"].max_blocks_per_sm), max_ctas=MAX_GRID)
+
+
+def _batch_kernel(kernel):
+    """`kernel` with its loop and branch tables as long as the structured programs' (exact:
+    absent entries are never entered)."""
+    return pad_program(kernel, N_INSTR, STRUCTURED_LOOPS, STRUCTURED_BRANCHES)
+
+
 @settings(max_examples=examples(4), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfgs=st.lists(configurations(), min_size=2, max_size=_BATCH))
 def test_batch_equals_single(cfgs: list[dict]) -> None:
     """A batch gives each member exactly what it gets alone (and what the reference gets). The
     batch always has `_BATCH` members (the launchable configurations, then copies of the first)
-    and the largest static sizes the strategies draw, so that one compilation serves every
-    example."""
+    and the largest static sizes the strategies draw (`_batch_statics`), so that one
+    compilation serves every example."""
     from jaxsched.lower import DISPATCH_POLICIES, WARP_POLICIES
 
     good = []
@@ -84,7 +102,7 @@ def test_batch_equals_single(cfgs: list[dict]) -> None:
     members = [c for c, _ in good] + [good[0][0]] * (_BATCH - len(good))
     batch = simulate_batch(
         [c["arch"] for c in members],
-        [c["kernel"] for c in members],
+        [_batch_kernel(c["kernel"]) for c in members],
         [c["clocks"] for c in members],
         [WARP_POLICIES.index(c["warp_policy"]) for c in members],
         [DISPATCH_POLICIES.index(c["dispatch"]) for c in members],
@@ -94,9 +112,7 @@ def test_batch_equals_single(cfgs: list[dict]) -> None:
         ema_prior_ns=[c["ema_prior_ns"] for c in members],
         hold_margin=[c["hold_margin"] for c in members],
         hold_noise=[c["hold_noise"] for c in members],
-        closed_loop_step=True,
-        cta_slots=int(members[0]["arch"].max_blocks_per_sm),
-        max_ctas=MAX_GRID,
+        **_batch_statics(members),
     )
     refs = [ref for _, ref in good] + [good[0][1]] * (_BATCH - len(good))
     for i, ref in enumerate(refs):
