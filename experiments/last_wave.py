@@ -22,6 +22,9 @@ from jaxsched import bounds
 from jaxsched.cli import load_arch
 from jaxsched.kernel import load_kernel
 
+from die_scaling_report import uniform_runs
+from uniform_gap import clairvoyant_ns
+
 POLICIES = ("hardware", "clock_regression")
 
 
@@ -42,14 +45,12 @@ def main() -> None:
     runs = js.simulate_batch([arch] * 2 * n, [kernel] * 2 * n, chips * 2, [js.WARP_POLICIES.index("gto")] * 2 * n,
                              [js.DISPATCH_POLICIES.index(p) for p in POLICIES for _ in chips], [0] * 2 * n,
                              hold_margin=args.margin)
-    work = bounds.work_from_uniform(*(js.simulate(arch, kernel, js.clocks.uniform(arch, g)) for g in (1.98, 1.188)))
+    work = bounds.work_from_uniform(*uniform_runs(arch, kernel))
     make = np.asarray(runs.makespan_ns)
     print("| chip | hardware | clock regression | clairvoyant | won back |")
     print("|---|---|---|---|---|")
     for i, chip in enumerate(chips):
-        mhz = np.zeros(arch.n_sm_slots, np.float32)
-        mhz[: arch.sm_count] = np.asarray(chip.sm_freq_mhz, np.float32)[: arch.sm_count]
-        ref = float(bounds.bounds(work, mhz, float(arch.cta_launch_ns)).clairvoyant_ns)
+        ref = clairvoyant_ns(arch, work, chip)
         share = float(bounds.recovered(make[i], make[n + i], ref))
         print(f"| {i} | {make[i]:.0f} ns | {make[n + i]:.0f} ns | {ref:.0f} ns | {100 * share:.0f} % |")
     freq = np.asarray(chips[args.show].sm_freq_mhz)

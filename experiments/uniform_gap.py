@@ -24,18 +24,25 @@ from jaxsched import bounds, tomldoc
 from jaxsched.cli import load_arch
 from jaxsched.kernel import kernel_from_dict
 
+from die_scaling_report import uniform_runs
+
 KERNELS = Path(__file__).resolve().parent.parent / "sweeps" / "kernels"
 DEFAULT = [str(KERNELS / "few_long_ctas.toml"), str(KERNELS / "few_long_ldg.toml")]
 
 
+def clairvoyant_ns(arch: js.Arch, work: bounds.Work, clocks: js.Clocks) -> float:
+    """The clairvoyant schedule of `work` on the chip `clocks`, with the launch latency between a
+    slot's CTAs (as `die_scaling_report.oracle_bounds`)."""
+    mhz = np.asarray(clocks.sm_freq_mhz, np.float32)  # every SM slot, 0 where disabled
+    return float(bounds.bounds(work, mhz, float(arch.cta_launch_ns)).clairvoyant_ns)
+
+
 def gap(arch: js.Arch, kernel: js.Kernel) -> float:
     """Hardware dispatch's makespan on the uniform chip at 1.8 GHz over the clairvoyant
-    schedule's (work from two uniform runs at 1980 and 1188 MHz, as the dispatch studies)."""
-    work = bounds.work_from_uniform(*(js.simulate(arch, kernel, js.clocks.uniform(arch, g)) for g in (1.98, 1.188)))
-    mhz = np.zeros(arch.n_sm_slots, np.float32)
-    mhz[: arch.sm_count] = 1800.0
-    hardware = float(js.simulate(arch, kernel, js.clocks.uniform(arch, 1.8)).makespan_ns)
-    return hardware / float(bounds.bounds(work, mhz, float(arch.cta_launch_ns)).clairvoyant_ns) - 1.0
+    schedule's (work from the dispatch studies' two uniform runs, `uniform_runs`)."""
+    work = bounds.work_from_uniform(*uniform_runs(arch, kernel))
+    chip = js.clocks.uniform(arch, 1.8)
+    return float(js.simulate(arch, kernel, chip).makespan_ns) / clairvoyant_ns(arch, work, chip) - 1.0
 
 
 def main() -> None:
