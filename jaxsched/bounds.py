@@ -15,6 +15,12 @@ from the simulator itself; docs/bounds.md defines them in full and states their 
   measurement so far, loose by the warp scheduler's own tail. `"sm"`: each busy SM cycle is
   split equally among the CTAs resident in it (so the works of an SM sum to its busy cycles)
   and an SM is one slot serving work at its clock; tighter, not strict.
+- **Tabulated work model** (`WorkTable`, `work_table_from_uniform`). The same slots, with each
+  CTA's time measured on uniform chips at several clocks and affine in the period between
+  them. A CTA's slot occupancy does not follow one line through two clocks: at a lower clock
+  its co-residents overlap it longer and its slot waits longer for the launch credit (docs/
+  model.md section 9), so the two-clock model, exact at its own clocks' first run, runs the
+  uniform chip 1-10 % faster than the engine between and below them (docs/bounds.md section 1).
 - **Fluid lower bound** (`fluid_ns`): total work over total speed, through the LP relaxation of
   the model (CTAs split fractionally over slots), raised to the longest CTA on the fastest SM.
 - **Clairvoyant earliest-finish schedule** (`clairvoyant_ns`): knowing every `a_cs`, CTAs in grid
@@ -65,6 +71,22 @@ class Work(eqx.Module):
     ns: Float[Array, "*batch grid"]
     valid: Bool[Array, "*batch grid"]  # False on entries padded past the grid
     slots_per_sm: int = eqx.field(static=True)
+
+
+class WorkTable(eqx.Module):
+    """Per-CTA slot times (ns, grid order) measured on uniform chips at several clocks: between two
+    measured clocks a CTA's time is affine in the clock period through both measurements, beyond
+    the first and last the nearest segment extends (never below 0 ns); every SM has
+    `slots_per_sm` slots, each running one CTA at a time. Exact at every measured clock, where
+    `Work`'s one affine line through two runs is not (docs/bounds.md section 1)."""
+
+    period_ns: Float[Array, "*batch clock"]  # 1000 / MHz of each measurement, ascending
+    ns: Float[Array, "*batch clock grid"]
+    valid: Bool[Array, "*batch grid"]  # False on entries padded past the grid
+    slots_per_sm: int = eqx.field(static=True)
+
+
+AnyWork = Work | WorkTable
 
 
 class Bounds(eqx.Module):
@@ -163,6 +185,41 @@ def work_from_uniform(result_a: Result, result_b: Result | None = None, *, attri
                 slots_per_sm=slots)
 
 
+def work_table_from_uniform(*results: Result, split: str = "kernel") -> WorkTable:
+    """The tabulated work model of a launch from its runs on uniform chips at two or more distinct
+    clocks (same kernel, grid and policies; one configuration each), by each CTA's slot occupancy
+    (`"slot"` attribution); `slots_per_sm` is the most CTAs any run had resident on one SM.
+
+    `split="cta"`: each CTA's own occupancy at each clock. Exact on every measured uniform chip,
+    but a CTA's co-residents differ from run to run, so its times across clocks carry noise the
+    clairvoyant schedule exploits on unequal SMs (a CTA "short" at one clock and long at the
+    next). `split="kernel"` (default): every CTA keeps its share of the fastest run's total and
+    the total follows the runs (each CTA's time at a measured clock is its time in the fastest
+    run times the ratio of the two runs' total occupancies).
+    """
+    check(split in SPLITS, "split", split, f"one of {SPLITS}")
+    check(len(results) >= 2, "results", f"{len(results)} run(s)", "uniform runs at two or more clocks")
+    measured = [_durations_ns(r, "slot") for r in results]
+    check(all(d.shape[0] == 1 for d, _, _, _ in measured), "results", "a batched Result",
+          "one configuration per run")
+    valid = measured[0][1][0]
+    for i, (_, v, _, _) in enumerate(measured[1:], 1):
+        check(v.shape == (1, *valid.shape) and bool(np.all(v[0] == valid)), f"results[{i}]",
+              f"grid of {int(v.sum())} CTAs", f"the same grid as results[0] ({int(valid.sum())} CTAs)")
+    mhz = np.array([float(f[0, 0]) for _, _, f, _ in measured])
+    check(len(np.unique(mhz)) == len(mhz), "results.tick_mhz", sorted(mhz.tolist()), "distinct clocks")
+    order = np.argsort(-mhz)  # fastest first: ascending period
+    ns = np.stack([np.where(valid, measured[i][0][0], 0.0) for i in order])  # [clock, grid]
+    if split == "kernel":
+        totals = ns.sum(axis=-1, keepdims=True)
+        ns = ns[:1] * totals / np.maximum(totals[:1], 1e-30)
+    shape = np.shape(results[0].cta_sm)
+    return WorkTable(period_ns=jnp.asarray(1000.0 / mhz[order], jnp.float32),
+                     ns=jnp.asarray(ns.reshape(len(order), *shape), jnp.float32),
+                     valid=jnp.asarray(valid.reshape(shape)),
+                     slots_per_sm=max(slots for _, _, _, slots in measured))
+
+
 class UniformChip(eqx.Module):
     """A launch's makespan on a uniform chip at clock `f` MHz: `cycles * 1000 / f + ns`."""
 
@@ -197,29 +254,20 @@ def recovered(hardware_ns: ArrayLike, policy_ns: ArrayLike, reference_ns: ArrayL
     return np.where(loss > 0, (hw - policy) / np.where(loss > 0, loss, 1.0), np.nan)
 
 
-def clairvoyant_with_uniform_gap(clairvoyant_ns: ArrayLike, uniform_hardware_ns: ArrayLike,
-                                 uniform_clairvoyant_ns: ArrayLike) -> np.ndarray:
-    """The clairvoyant schedule raised by hardware dispatch's gap to it on the uniform chip:
-    `T_clairvoyant * T_hardware,uniform / T_clairvoyant,uniform` (ns). On a chip whose SMs share
-    one clock a policy that tells SMs apart by their speed has nothing to act on, yet hardware
-    dispatch sits above the clairvoyant schedule there: that gap is the schedule's foresight of
-    every CTA's own work and the slot model's independent slots (co-resident CTAs share an SM's
-    schedulers), not the spread of the clocks. Against this reference `recovered` is a policy's
-    share of the spread-induced loss alone, assuming the uniform chip's gap carries over to the
-    spread chip (docs/bounds.md section 8)."""
-    cv, hw_u, cv_u = (np.asarray(x, np.float64) for x in (clairvoyant_ns, uniform_hardware_ns, uniform_clairvoyant_ns))
-    check(bool(np.all(cv_u > 0)), "uniform_clairvoyant_ns", float(np.min(cv_u)), "> 0 ns")
-    check(bool(np.all(hw_u > 0)), "uniform_hardware_ns", float(np.min(hw_u)), "> 0 ns")
-    return cv * hw_u / cv_u
-
-
 # ----------------------------------------------------------------------------- the bounds
 
 
-def _cta_ns(work: Work, sm_freq_mhz: Float[Array, " sm"]) -> Float[Array, "grid sm"]:
+def _cta_ns(work: AnyWork, sm_freq_mhz: Float[Array, " sm"]) -> Float[Array, "grid sm"]:
     """`a_cs`: the time of CTA c in a slot of SM s (inf on floorswept SMs, f = 0)."""
     f = sm_freq_mhz.astype(jnp.float32)
-    on_sm = work.cycles[:, None] * (1000.0 / jnp.where(f > 0, f, 1.0))[None, :] + work.ns[:, None]
+    period = 1000.0 / jnp.where(f > 0, f, 1.0)
+    if isinstance(work, WorkTable):
+        p = work.period_ns
+        k = jnp.clip(jnp.searchsorted(p, period) - 1, 0, p.shape[0] - 2)  # each SM's segment
+        lo, hi = work.ns[k], work.ns[k + 1]  # [sm, grid]
+        on_sm = jnp.maximum(lo + (hi - lo) * ((period - p[k]) / (p[k + 1] - p[k]))[:, None], 0.0).T
+    else:
+        on_sm = work.cycles[:, None] * period[None, :] + work.ns[:, None]
     return jnp.where(f[None, :] > 0, on_sm, jnp.inf)
 
 
@@ -227,56 +275,55 @@ def _launch_tick_ns(sm_freq_mhz: Float[Array, " sm"]) -> Float[Array, ""]:
     return 1000.0 / jnp.max(sm_freq_mhz).astype(jnp.float32)
 
 
-def _plus_latency(work: Work, launch_ns: Float[Array, ""] | float) -> Work:
+def _plus_latency(work: AnyWork, launch_ns: Float[Array, ""] | float) -> AnyWork:
     """The work with every CTA's clock-independent part lengthened by the slot's launch latency."""
-    return Work(cycles=work.cycles, ns=jnp.where(work.valid, work.ns + launch_ns, 0.0), valid=work.valid,
-                slots_per_sm=work.slots_per_sm)
+    return eqx.tree_at(lambda w: w.ns, work, jnp.where(work.valid, work.ns + launch_ns, 0.0))
 
 
 @jax.jit
-def fluid_ns(work: Work, sm_freq_mhz: Float[Array, " sm"], launch_ns: Float[Array, ""] | float = 0.0) -> Float[Array, ""]:
+def fluid_ns(work: AnyWork, sm_freq_mhz: Float[Array, " sm"],
+             launch_ns: Float[Array, ""] | float = 0.0) -> Float[Array, ""]:
     """Fluid lower bound (ns): max(LP-relaxation bound, longest CTA on the fastest SM) + launch tick.
 
     LP: `min T` with `sum_s x_cs = 1` over the slots and `sum_c x_cs a_cs <= T` per slot. Any
     slot weights `v >= 0` summing to 1 give `T >= sum_c min_s v_s a_cs` (weak duality). With
-    `v_s` proportional to the slot's effective speed `1 / (1000 C / f_s + N)` (`C`, `N`: total
-    cycles and ns) the bound is exactly total work over total speed whenever every CTA has the
-    same `ns / cycles` ratio (in particular `ns = 0`: `1000 C / (slots_per_sm sum_s f_s)`), and a
-    valid lower bound of the model always. With a launch latency `L` it is the larger of the
-    bound on the work `a + L` lowered by `L` (module doc) and the bound without latency (both
-    valid; the weights differ, so either may be the tighter).
+    `v_s` proportional to the slot's effective speed `1 / sum_c a_cs` (for `Work`,
+    `1 / (1000 C / f_s + N)`, `C`, `N`: total cycles and ns) the bound is exactly total work
+    over total speed whenever every CTA has the same `ns / cycles` ratio (in particular `ns =
+    0`: `1000 C / (slots_per_sm sum_s f_s)`), and a valid lower bound of the model always.
+    With a launch latency `L` it is the larger of the bound on the work `a + L` lowered by `L`
+    (module doc) and the bound without latency (both valid; the weights differ, so either may
+    be the tighter).
     """
     f = jnp.asarray(sm_freq_mhz).astype(jnp.float32)
     with_latency = _fluid_core(_plus_latency(work, launch_ns), f) - launch_ns
     return jnp.maximum(with_latency, _fluid_core(work, f)) + _launch_tick_ns(f)
 
 
-def _fluid_core(work: Work, f: Float[Array, " sm"]) -> Float[Array, ""]:
+def _fluid_core(work: AnyWork, f: Float[Array, " sm"]) -> Float[Array, ""]:
     """max(LP-relaxation bound, longest CTA on the fastest SM), without the launch tick."""
     enabled = f > 0
     a = _cta_ns(work, f)
-    c_total = jnp.sum(jnp.where(work.valid, work.cycles, 0.0))
-    n_total = jnp.sum(jnp.where(work.valid, work.ns, 0.0))
-    scale = c_total + n_total
-    safe_scale = jnp.where(scale > 0, scale, 1.0)
-    c_hat = jnp.where(scale > 0, c_total / safe_scale, 0.0)
-    n_hat = jnp.where(scale > 0, n_total / safe_scale, 1.0)
-    speed = jnp.where(enabled, 1.0 / (1000.0 * c_hat / jnp.where(enabled, f, 1.0) + n_hat), 0.0)
+    total_ns = jnp.sum(jnp.where(work.valid[:, None], a, 0.0), axis=0)  # the grid on one slot of each SM
+    speed = jnp.where(enabled, 1.0 / jnp.where(enabled & (total_ns > 0), total_ns, 1.0), 0.0)
     weighted = jnp.min(jnp.where(enabled[None, :], speed[None, :] * a, jnp.inf), axis=1)
     lp_ns = jnp.sum(jnp.where(work.valid, weighted, 0.0)) / (work.slots_per_sm * jnp.sum(speed))
     longest_ns = jnp.max(jnp.where(work.valid, jnp.min(a, axis=1), 0.0))
     return jnp.maximum(lp_ns, longest_ns)
 
 
-def _longest_first(work: Work, sm_freq_mhz: Float[Array, " sm"]) -> Work:
+def _longest_first(work: AnyWork, sm_freq_mhz: Float[Array, " sm"]) -> AnyWork:
     """The CTAs sorted by their time on the fastest SM, longest first (padding last, stable)."""
     key = jnp.where(work.valid, jnp.min(_cta_ns(work, sm_freq_mhz), axis=1), -jnp.inf)
     order = jnp.argsort(-key, stable=True)
+    if isinstance(work, WorkTable):
+        return WorkTable(period_ns=work.period_ns, ns=work.ns[:, order], valid=work.valid[order],
+                         slots_per_sm=work.slots_per_sm)
     return jax.tree.map(lambda x: x[order], work)
 
 
 @functools.partial(jax.jit, static_argnames=("longest_first",))
-def clairvoyant_ns(work: Work, sm_freq_mhz: Float[Array, " sm"], launch_ns: Float[Array, ""] | float = 0.0, *,
+def clairvoyant_ns(work: AnyWork, sm_freq_mhz: Float[Array, " sm"], launch_ns: Float[Array, ""] | float = 0.0, *,
                    longest_first: bool = False) -> Float[Array, ""]:
     """Makespan (ns) of the clairvoyant earliest-finish list schedule, plus the launch tick; a
     slot takes its next CTA `launch_ns` after its last one ended.
@@ -304,7 +351,8 @@ def clairvoyant_ns(work: Work, sm_freq_mhz: Float[Array, " sm"], launch_ns: Floa
     return jnp.max(jnp.where(usable, free_ns, 0.0)) - launch_ns + _launch_tick_ns(f)
 
 
-def bounds(work: Work, sm_freq_mhz: Float[Array, " sm"] | ArrayLike, launch_ns: Float[Array, ""] | float = 0.0) -> Bounds:
+def bounds(work: AnyWork, sm_freq_mhz: Float[Array, " sm"] | ArrayLike,
+           launch_ns: Float[Array, ""] | float = 0.0) -> Bounds:
     """The fluid bound and both clairvoyant schedules of one launch (`jax.vmap` it for many).
 
     `sm_freq_mhz`: one clock per SM slot, 0 on floorswept SMs (`Clocks.sm_freq_mhz`);

@@ -127,6 +127,36 @@ def test_numbering_of_the_sms_changes_nothing(inst, perm):
     assert (clair_p, lpt_p) == (clair, lpt)
 
 
+def _table(work: bounds.Work, mhz: tuple[float, ...]) -> bounds.WorkTable:
+    """`work` tabulated at the clocks `mhz` (fastest first)."""
+    period = np.asarray([1000.0 / m for m in mhz], np.float32)
+    ns = np.stack([np.asarray(work.cycles) * p + np.asarray(work.ns) for p in period])
+    return bounds.WorkTable(period_ns=jnp.asarray(period), ns=jnp.asarray(ns, jnp.float32), valid=work.valid,
+                            slots_per_sm=work.slots_per_sm)
+
+
+def test_a_table_through_two_clocks_of_an_affine_work_is_that_work():
+    # Between and beyond its two clocks the table is the line through them: the model itself.
+    rng = np.random.default_rng(2)
+    work = _work(rng.integers(50, 500, 20), rng.integers(0, 100, 20), slots=2, grid=24)
+    for f in rng.uniform(300, 2000, (5, N_SM)).astype(np.float32):
+        np.testing.assert_allclose(_floats(bounds.bounds(_table(work, (1600.0, 800.0)), f)),
+                                   _floats(bounds.bounds(work, f)), rtol=1e-5)
+
+
+def test_a_table_is_affine_in_the_period_between_its_clocks():
+    # One CTA of 100 / 200 / 250 ns at 2000 / 1000 / 500 MHz, one SM: makespan = its time + the
+    # launch tick. Between clocks the segment through both, beyond them the nearest segment
+    # extends (at 4000 MHz: 100 - 200 x 0.25 = 50 ns; at 250 MHz: 250 + 50 x 2 = 350 ns).
+    table = bounds.WorkTable(period_ns=jnp.asarray([0.5, 1.0, 2.0]), ns=jnp.asarray([[100.0], [200.0], [250.0]]),
+                             valid=jnp.asarray([True]), slots_per_sm=1)
+    for mhz, ns in ((2000, 100.0), (1000, 200.0), (500, 250.0), (4000 / 3, 150.0), (4000, 50.0), (250, 350.0)):
+        assert float(bounds.clairvoyant_ns(table, np.float32([mhz]))) == pytest.approx(ns + 1000 / mhz, rel=1e-6)
+    steep = bounds.WorkTable(period_ns=jnp.asarray([0.5, 1.0]), ns=jnp.asarray([[100.0], [400.0]]),
+                             valid=jnp.asarray([True]), slots_per_sm=1)
+    assert float(bounds.clairvoyant_ns(steep, np.float32([8000]))) == pytest.approx(0.125)  # never below 0 ns
+
+
 def test_vmap_over_clock_maps_equals_one_by_one():
     rng = np.random.default_rng(1)
     work = _work(rng.integers(50, 500, 20), rng.integers(0, 100, 20), slots=2, grid=24)
@@ -178,6 +208,7 @@ def runs() -> dict[str, js.Result]:
     named = [(f"{name}@{m:.0f}", ARCH, _kernel(prog), js.clocks.uniform(ARCH, m / 1000), 1)
              for name, prog in (("compute", COMPUTE), ("memory", MEMORY)) for m in WORK_MHZ]
     named.append(("compute@uneven", ARCH, _kernel(COMPUTE), uneven, 1))
+    named.append(("memory@1500", ARCH, _kernel(MEMORY), js.clocks.uniform(ARCH, 1.5), 1))
     rng = np.random.default_rng(5)
     for i in range(N_RANDOM):
         arch, kernel, clk, warp = _random_launch(rng)
@@ -222,6 +253,40 @@ def test_work_needs_uniform_runs_at_two_different_clocks(runs):
         bounds.work_from_uniform(r, split="sm")
     with pytest.raises(js.JaxschedError, match="uniform chip"):
         bounds.work_from_uniform(runs["compute@uneven"])
+
+
+def _occupancy_ns(r: js.Result) -> np.ndarray:
+    """Each CTA's slot occupancy in ns (0 past the grid)."""
+    ticks = np.asarray(r.cta_end_tick, np.float64) - np.asarray(r.cta_start_tick, np.float64)
+    return np.where(np.asarray(r.cta_sm) >= 0, ticks * 1000.0 / float(r.tick_mhz), 0.0)
+
+
+def test_a_table_holds_each_runs_occupancy_or_the_fastest_runs_shares(runs):
+    measured = [runs[f"memory@{m}"] for m in ("1188", "1980", "1500")]
+    by_clock = [_occupancy_ns(r) for r in (measured[1], measured[2], measured[0])]  # fastest first
+    own = bounds.work_table_from_uniform(*measured, split="cta")
+    np.testing.assert_allclose(np.asarray(own.period_ns), [1000 / 1980, 1000 / 1500, 1000 / 1188], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(own.ns), by_clock, rtol=1e-6)
+    assert own.slots_per_sm == 8
+    shared = bounds.work_table_from_uniform(*measured)  # split="kernel": shares of the 1980 MHz run
+    totals = np.array([x.sum() for x in by_clock])
+    np.testing.assert_allclose(np.asarray(shared.ns), by_clock[0] * (totals / totals[0])[:, None], rtol=1e-5)
+
+
+def test_a_table_needs_uniform_runs_of_one_grid_at_distinct_clocks(runs):
+    r = runs["memory@1980"]
+    with pytest.raises(js.JaxschedError, match="results"):
+        bounds.work_table_from_uniform(r)
+    with pytest.raises(js.JaxschedError, match="tick_mhz"):
+        bounds.work_table_from_uniform(r, runs["memory@1188"], r)
+    with pytest.raises(js.JaxschedError, match="uniform chip"):
+        bounds.work_table_from_uniform(r, runs["compute@uneven"])
+    with pytest.raises(js.JaxschedError, match="split"):
+        bounds.work_table_from_uniform(r, runs["memory@1188"], split="sm")
+    other = next(runs[f"random{i}@1188"] for i in range(N_RANDOM)
+                 if np.sum(np.asarray(runs[f"random{i}@1188"].cta_sm) >= 0) != np.sum(np.asarray(r.cta_sm) >= 0))
+    with pytest.raises(js.JaxschedError, match=r"results\[1\]"):
+        bounds.work_table_from_uniform(r, other)
 
 
 def test_hardware_dispatch_never_beats_the_fluid_bound(runs):
@@ -276,18 +341,3 @@ def test_recovered_share_of_the_loss():
     share = bounds.recovered(hw, policy, 100.0)
     np.testing.assert_allclose(share[:3], [0.5, -0.2, 1.0])
     assert np.isnan(share[3])  # no loss to recover
-
-
-def test_clairvoyant_with_the_uniform_chips_gap():
-    """The clairvoyant schedule scaled by hardware dispatch's gap to it on the uniform chip: on
-    the uniform chip itself it is hardware dispatch's makespan (no spread, no loss to win back),
-    elsewhere it scales with the clairvoyant schedule; shares against it are larger than against
-    the clairvoyant schedule wherever a policy beats hardware dispatch."""
-    cv, hw_u, cv_u = np.array([100.0, 120.0]), 102.0, 100.0
-    ref = bounds.clairvoyant_with_uniform_gap(cv, hw_u, cv_u)
-    np.testing.assert_allclose(ref, [102.0, 122.4])
-    assert float(bounds.clairvoyant_with_uniform_gap(cv_u, hw_u, cv_u)) == hw_u
-    hw, policy = np.array([110.0, 130.0]), np.array([106.0, 124.0])
-    assert np.all(bounds.recovered(hw, policy, ref) > bounds.recovered(hw, policy, cv))
-    with pytest.raises(js.JaxschedError, match="uniform_clairvoyant_ns"):
-        bounds.clairvoyant_with_uniform_gap(cv, hw_u, 0.0)
