@@ -3,8 +3,8 @@
 
 On Gaussian chips (seeds 100, 101, ..., mean 1.8 GHz, spread `--sigma`) it runs the kernel with
 hardware dispatch and with the clock regression at `--margin`, and prints per chip both
-makespans, the clairvoyant schedule (`jaxsched.bounds`, work from two uniform runs as the
-dispatch studies) and the share of hardware dispatch's gap to it won back; then, for chip
+makespans, the clairvoyant schedule (`jaxsched.bounds`, on the work model tabulated from
+uniform runs as `die_scaling_report.py` does) and the share of hardware dispatch's gap to it won back; then, for chip
 `--show`, the last `--last` CTAs each policy started: SM, its clock, start, end and duration in
 ticks. It shows whether the tail is set by the SMs' speeds or by the CTAs' own work.
 
@@ -22,8 +22,7 @@ from jaxsched import bounds
 from jaxsched.cli import load_arch
 from jaxsched.kernel import load_kernel
 
-from die_scaling_report import uniform_runs
-from uniform_gap import clairvoyant_ns
+from die_scaling_report import table_runs
 
 POLICIES = ("hardware", "clock_regression")
 
@@ -45,12 +44,13 @@ def main() -> None:
     runs = js.simulate_batch([arch] * 2 * n, [kernel] * 2 * n, chips * 2, [js.WARP_POLICIES.index("gto")] * 2 * n,
                              [js.DISPATCH_POLICIES.index(p) for p in POLICIES for _ in chips], [0] * 2 * n,
                              hold_margin=args.margin)
-    work = bounds.work_from_uniform(*uniform_runs(arch, kernel))
+    maps = [np.asarray(chip.sm_freq_mhz, np.float32) for chip in chips]  # every SM slot, 0 where disabled
+    work = bounds.work_table_from_uniform(*table_runs(arch, kernel, min(float(m[m > 0].min()) for m in maps), 8))
     make = np.asarray(runs.makespan_ns)
     print("| chip | hardware | clock regression | clairvoyant | won back |")
     print("|---|---|---|---|---|")
-    for i, chip in enumerate(chips):
-        ref = clairvoyant_ns(arch, work, chip)
+    for i, mhz in enumerate(maps):
+        ref = float(bounds.clairvoyant_ns(work, mhz, float(arch.cta_launch_ns)))
         share = float(bounds.recovered(make[i], make[n + i], ref))
         print(f"| {i} | {make[i]:.0f} ns | {make[n + i]:.0f} ns | {ref:.0f} ns | {100 * share:.0f} % |")
     freq = np.asarray(chips[args.show].sm_freq_mhz)
