@@ -270,10 +270,16 @@ TRACE_ROWS = 8
 def _padded_program(kernel):
     """A kernel (or each launch of a workload) with its program padded by trailing EXITs to at
     least `N_INSTR` instructions, so that hand-written programs of any length share the
-    compilations of the strategies' programs."""
+    compilations of the strategies' programs. A workload's launches also pad their loop and
+    branch tables to the structured programs' (`STRUCTURED_LOOPS`, `STRUCTURED_BRANCHES`):
+    the engine's form for programs of one loop is checked against the reference by every
+    single-kernel differential test, and a workload's launch tables, streams and events do
+    not depend on it, so each number of launches compiles once per fast-forward form rather
+    than twice (the random workloads compiled 6-7 programs, 4 now)."""
     if isinstance(kernel, js.Workload):
         n = max(N_INSTR, *(k.n_instr for k in kernel.kernels))
-        return dataclasses.replace(kernel, kernels=tuple(pad_program(k, n) for k in kernel.kernels))
+        return dataclasses.replace(kernel, kernels=tuple(pad_program(k, n, STRUCTURED_LOOPS, STRUCTURED_BRANCHES)
+                                                         for k in kernel.kernels))
     return pad_program(kernel, max(N_INSTR, kernel.n_instr))
 
 
@@ -286,9 +292,10 @@ def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: st
     programs of `N_INSTR` instructions, `TRACE_ROWS` rows of the clock trace cut to `trace_len`,
     data tables, the DVFS step and the closed loop's learning compiled in): a kernel's sizes
     otherwise follow its occupancy, grid and program, and every hypothesis example would compile
-    anew. Fast-forward (where the kernel may use it) and the loop tables (one loop, or the
-    structured programs' `STRUCTURED_LOOPS`) follow the kernel as in a plain run: each selects a
-    form of the engine, and every form must meet the reference. A larger grid pads to
+    anew. Fast-forward (where the kernel may use it) and a kernel's loop tables (one loop, or
+    the structured programs' `STRUCTURED_LOOPS`; a workload's launches always the latter,
+    `_padded_program`) follow the kernel as in a plain run: each selects a form of the engine,
+    and every form must meet the reference. A larger grid pads to
     `LARGE_GRID` (beyond it, to its power of two), so that the examples with one (persistent
     and cooperative grids of the launch-mode and fast-forward tests) share a compilation."""
     grid = sum(int(k.grid_ctas) for k in kernel.kernels) if isinstance(kernel, js.Workload) else int(kernel.grid_ctas)
