@@ -34,7 +34,8 @@ QUICK = dict(launch_api_ns=20.0, launch_gap_ns=10.0)
 # The static sizes of the file's single runs: every CTA slot the kernels below use, the largest
 # grid (the leftover test's 392 CTAs, rounded as the engine rounds it), the closed loop's
 # learning and fast-forward's search compiled in, so that the runs share one compilation per
-# number of launches (13 compilations before, one per grid, occupancy and policy family).
+# number of launches (13 compilations before, one per grid, occupancy and policy family). The
+# batch test's single runs are such runs too: a batch of one, sized apart from the batch.
 STATICS = dict(cta_slots=16, max_ctas=448, closed_loop_step=True, fast_forward_step=True)
 
 
@@ -179,7 +180,7 @@ def test_batch_of_workloads_equals_single_runs() -> None:
     batch = js.simulate_batch([ARCH] * 3, workloads, clk, [1, 2, 0], [0, 4, 3], [0, 1, 2])
     for i, (w, c, wp, dp, ds) in enumerate(zip(workloads, clk, ["gto", "oldest", "lrr"],
                                                ["hardware", "closed_loop", "weighted"], [0, 1, 2])):
-        one = js.simulate(ARCH, w, c, warp_policy=wp, dispatch=dp, dispatch_start=ds)
+        one = simulate(ARCH, w, c, warp_policy=wp, dispatch=dp, dispatch_start=ds)
         n = sum(int(k.grid_ctas) for k in w.kernels)
         for name in ARRAYS:
             want, got = np.asarray(getattr(one, name)), np.asarray(getattr(batch, name))[i]
@@ -206,7 +207,7 @@ def test_launch_timeline_invariants(first, second, trips, api_ns, gap_ns, dispat
     kernels = [js.make_kernel(f"loop {t} cta_spread=1\n fma dep\n alu\nend", grid=g, threads=128, pad_to=PAD, seed=l)
                for l, (g, t) in enumerate(zip(grids, trips))]
     w = make_workload(kernels, streams=[0, 1, 1], after=[[], [], [0]], launch_api_ns=api_ns, launch_gap_ns=gap_ns)
-    r = js.simulate(ARCH, w, dispatch=dispatch)
+    r = simulate(ARCH, w, dispatch=dispatch)
     ready, start, end = (np.asarray(x) for x in (r.kernel_ready_tick, r.kernel_start_tick, r.kernel_end_tick))
     api, gap = ticks(api_ns, r), ticks(gap_ns, r)
     submit = api * np.arange(1, 4)
