@@ -286,7 +286,7 @@ def _padded_program(kernel):
 def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: str = "gto", dispatch: str = "hardware",
                     dispatch_start: int = 0, dispatch_weight=None, ema_alpha: float = 0.25, ema_prior_ns: float = 0.0,
                     hold_margin: float = 0.125, hold_noise: float = 0.0, dvfs=None, trace_len: int = 0,
-                    max_ticks: int = MAX_TICKS) -> Result:
+                    max_ticks: int = MAX_TICKS, fast_forward_step: bool | None = None) -> Result:
     """`simulate` with `reference.simulate`'s arguments, as one configuration of a batch padded to
     the largest static sizes the strategies draw (every CTA slot of the chip, `MAX_GRID` CTAs,
     programs of `N_INSTR` instructions, `TRACE_ROWS` rows of the clock trace cut to `trace_len`,
@@ -297,7 +297,10 @@ def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: st
     `_padded_program`) follow the kernel as in a plain run: each selects a form of the engine,
     and every form must meet the reference. A larger grid pads to
     `LARGE_GRID` (beyond it, to its power of two), so that the examples with one (persistent
-    and cooperative grids of the launch-mode and fast-forward tests) share a compilation."""
+    and cooperative grids of the launch-mode and fast-forward tests) share a compilation.
+    `fast_forward_step=True` compiles fast-forward's search in whatever the kernel (a test
+    that checks something other than the forms pins it, with the structured loop tables, to
+    compile once)."""
     grid = sum(int(k.grid_ctas) for k in kernel.kernels) if isinstance(kernel, js.Workload) else int(kernel.grid_ctas)
     grid = MAX_GRID if grid <= MAX_GRID else max(LARGE_GRID, 1 << (grid - 1).bit_length())
     assert 0 <= trace_len <= TRACE_ROWS, "raise TRACE_ROWS"
@@ -307,7 +310,8 @@ def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: st
                            hold_noise=hold_noise, dvfs=[dvfs],
                            trace_len=TRACE_ROWS,
                            dvfs_step=True, closed_loop_step=True, cta_slots=int(arch.max_blocks_per_sm),
-                           max_ctas=grid, dep_slots=MAX_DEP_SLOTS, data_tables=True, max_ticks=max_ticks)
+                           max_ctas=grid, dep_slots=MAX_DEP_SLOTS, data_tables=True, max_ticks=max_ticks,
+                           fast_forward_step=fast_forward_step)
     one = jax.tree.map(lambda x: x[0], batch)
     return dataclasses.replace(one, **{key: getattr(one, key)[:trace_len]
                                        for key in ("trace_tick", "trace_mhz", "trace_mw", "trace_mk")})
