@@ -67,7 +67,7 @@ def dvfs_configurations(draw) -> dict:
     return {**cfg, "dvfs": draw(dvfs_params(cfg["arch"])), "trace_len": TRACE_LEN}
 
 
-@settings(max_examples=examples(10), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(10, fixed=6), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=dvfs_configurations())
 def test_engine_equals_reference_with_dvfs(cfg: dict) -> None:
     try:

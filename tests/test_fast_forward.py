@@ -83,7 +83,7 @@ def steady_configurations(draw, trips: tuple[int, int] = (12, 40)) -> dict:
                 dvfs=params, trace_len=TRACE_LEN)
 
 
-@settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(15, fixed=10), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=steady_configurations())
 def test_fast_forward_equals_reference(cfg: dict) -> None:
     try:

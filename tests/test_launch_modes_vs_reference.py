@@ -56,7 +56,7 @@ def launch_mode_configurations(draw) -> dict:
     return {**cfg, "kernel": kernel, **extra}
 
 
-@settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(15, fixed=10), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=launch_mode_configurations())
 def test_engine_equals_reference_for_launch_modes(cfg: dict) -> None:
     try:

@@ -73,7 +73,7 @@ def workload_configurations(draw) -> dict:
     return {**cfg, "arch": arch, "kernel": wl}
 
 
-@settings(max_examples=examples(20), deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(20, fixed=12), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cfg=workload_configurations())
 def test_engine_equals_reference_for_workloads(cfg: dict) -> None:
     try:
