@@ -236,6 +236,18 @@ def test_objective_errors_name_the_field(tmp_path, objective, sigma, message):
         dispatch_spec.loads(_engine_spec(tmp_path, fit_lines=objective, sigma=sigma), base_dir=tmp_path)
 
 
+def _makespans(spec, kernel, runs: list, size: int) -> np.ndarray:
+    """The makespans (ns) of `runs` ((clocks, policy keywords) pairs) in the exact engine, run
+    apart from the search: a batch of `size` configurations (the runs, then copies of the
+    first), so that it shares the search's compilation where `size` is the search's batch
+    (single runs compiled two programs more, one per policy family; a batch gives each member
+    what it gets alone, tests/test_engine_vs_reference.py::test_batch_equals_single). The
+    members come in another order than the search's, so a mix-up of its rows shows here."""
+    params = [js.make_params(spec.arch, kernel, clk, warp_policy=spec.warp_policy, **policy) for clk, policy in runs]
+    batch = js.simulate_batch(params + [params[0]] * (size - len(params)))
+    return np.asarray(batch.makespan_ns, np.float64)[:len(runs)]
+
+
 def test_engine_search_picks_the_best_admitted_candidate_in_the_exact_engine(tmp_path, monkeypatch):
     """`method = "engine"`: every candidate runs in the exact engine on the training chips (one
     uniform, one at sigma 0.15); theta is the one with the lowest mean makespan over the fluid
@@ -252,19 +264,19 @@ def test_engine_search_picks_the_best_admitted_candidate_in_the_exact_engine(tmp
     result = dispatch_spec.engine_search(spec, prep, prob, "closed_loop_tail")
     candidates = list(itertools.product(*grid.values()))
     assert result.loss.shape == (len(candidates), 1)
+    size = (len(candidates) + 1) * len(prep.train_clocks)  # the search's batch
 
-    def makespan(clk, **policy) -> float:
-        return float(js.simulate(spec.arch, kernel, clk, warp_policy=spec.warp_policy, **policy).makespan_ns)
-
-    uniform = np.array([[makespan(prep.train_clocks[0], dispatch="closed_loop", ema_alpha=a, hold_margin=m)]
-                        for a, m in candidates])  # [candidate, map 0]
-    slower = uniform[:, 0] / makespan(prep.train_clocks[0], dispatch="hardware") - 1
+    clk0 = prep.train_clocks[0]
+    runs = [(clk0, dict(dispatch="closed_loop", ema_alpha=a, hold_margin=m)) for a, m in candidates]
+    ns = _makespans(spec, kernel, [*runs, (clk0, dict(dispatch="hardware"))], size)
+    uniform = ns[:-1, None]  # [candidate, map 0]
+    slower = uniform[:, 0] / ns[-1] - 1
     best = dispatch_fit.portable_inputs("closed_loop_tail", {k: float(v[0]) for k, v in result.theta.items()})
     i = dispatch_spec.best_admitted(result.loss[:, 0], slower, 0.0, "closed_loop_tail")
     assert [best[k] for k in grid] == pytest.approx(list(candidates[i]))
-    again = [makespan(clk, dispatch="closed_loop", ema_alpha=best["ema_alpha"], hold_margin=best["hold_margin"])
-             for clk in prep.train_clocks]
-    assert np.mean(np.asarray(again) / np.asarray(prob.fluid_ns)) == pytest.approx(result.loss[i, 0], rel=1e-9)
+    again = _makespans(spec, kernel, [(clk, dict(dispatch="closed_loop", ema_alpha=best["ema_alpha"],
+                                                 hold_margin=best["hold_margin"])) for clk in prep.train_clocks], size)
+    assert np.mean(again / np.asarray(prob.fluid_ns)) == pytest.approx(result.loss[i, 0], rel=1e-9)
 
 
 def test_engine_search_fits_the_clock_regressions_margin(tmp_path, monkeypatch):
@@ -284,9 +296,9 @@ def test_engine_search_fits_the_clock_regressions_margin(tmp_path, monkeypatch):
     margins = (1 / 16, 255 / 256)
     assert best == {"dispatch": "clock_regression",
                     "hold_margin": pytest.approx(margins[int(np.argmin(result.loss[:, 0]))])}
-    again = [float(js.simulate(spec.arch, kernel, clk, warp_policy=spec.warp_policy, **best).makespan_ns)
-             for clk in prep.train_clocks]
-    assert np.mean(np.asarray(again) / np.asarray(prob.fluid_ns)) == pytest.approx(result.loss[:, 0].min(), rel=1e-9)
+    size = (len(margins) + 1) * len(prep.train_clocks)  # the search's batch
+    again = _makespans(spec, kernel, [(clk, best) for clk in prep.train_clocks], size)
+    assert np.mean(again / np.asarray(prob.fluid_ns)) == pytest.approx(result.loss[:, 0].min(), rel=1e-9)
     written = fitted_policy.loads(fitted_policy.dumps(best.pop("dispatch"), best, "test"), "policy.toml")
     assert written.dispatch == "clock_regression"
     assert written.values["hold_margin"] == pytest.approx(best["hold_margin"])
