@@ -19,8 +19,8 @@ from the simulator itself; docs/bounds.md defines them in full and states their 
   CTA's time measured on uniform chips at several clocks and affine in the period between
   them. A CTA's slot occupancy does not follow one line through two clocks: at a lower clock
   its co-residents overlap it longer and its slot waits longer for the launch credit (docs/
-  model.md section 9), so the two-clock model, exact at its own clocks' first run, runs the
-  uniform chip 1-10 % faster than the engine between and below them (docs/bounds.md section 1).
+  model.md section 9), so the two-clock model, exact only at its first clock, runs the uniform
+  chip 1-10 % faster than the engine at lower clocks (docs/bounds.md section 1).
 - **Fluid lower bound** (`fluid_ns`): total work over total speed, through the LP relaxation of
   the model (CTAs split fractionally over slots), raised to the longest CTA on the fastest SM.
 - **Clairvoyant earliest-finish schedule** (`clairvoyant_ns`): knowing every `a_cs`, CTAs in grid
@@ -77,8 +77,9 @@ class WorkTable(eqx.Module):
     """Per-CTA slot times (ns, grid order) measured on uniform chips at several clocks: between two
     measured clocks a CTA's time is affine in the clock period through both measurements, beyond
     the first and last the nearest segment extends (never below 0 ns); every SM has
-    `slots_per_sm` slots, each running one CTA at a time. Exact at every measured clock, where
-    `Work`'s one affine line through two runs is not (docs/bounds.md section 1)."""
+    `slots_per_sm` slots, each running one CTA at a time. It holds each measured run's slot
+    occupancy (`work_table_from_uniform`), where `Work`'s one line through two runs keeps only
+    the first (docs/bounds.md section 1)."""
 
     period_ns: Float[Array, "*batch clock"]  # 1000 / MHz of each measurement, ascending
     ns: Float[Array, "*batch clock grid"]
