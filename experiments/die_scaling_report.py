@@ -38,7 +38,6 @@ import itertools
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import matplotlib
 
 matplotlib.use("Agg")
@@ -112,17 +111,22 @@ def clock_maps(ds, arch: js.Arch, where: dict) -> tuple[np.ndarray, tuple[int, .
     return full.reshape(-1, arch.n_sm_slots), mhz.shape[:-1]
 
 
+def per_map(fn, maps: np.ndarray, shape: tuple[int, ...]):
+    """`fn(clock map)` over the rows of `maps` (an array or a tree of them), shaped `shape`; in
+    batches of `lax.map`: one vmap over every map would hold CTAs x SMs per map at once (30 GB)."""
+    out = jax.jit(lambda fs: jax.lax.map(fn, fs, batch_size=64))(maps)
+    return jax.tree.map(lambda b: np.asarray(b).reshape(shape), out)
+
+
 def oracle_bounds(arch: js.Arch, kernel: js.Kernel, work: bounds.AnyWork, first: js.Result, maps: np.ndarray,
                   shape: tuple[int, ...]) -> bounds.Bounds:
     """Fluid lower bound and clairvoyant schedules (ns) of `work` on each clock map of `maps`,
     shaped `shape`; the issue-slot bound's demand from the run `first`."""
     demand = issue_bound.issue_demand(first, arch, kernel)
     launch_ns = float(arch.cta_launch_ns)  # a freed slot's next CTA starts this much later
-    # lax.map in batches: one vmap over every map would hold CTAs x SMs per map at once (30 GB)
-    out = jax.jit(lambda fs: jax.lax.map(lambda f: bounds.bounds(work, f, launch_ns), fs, batch_size=64))(maps)
-    issue_ns = jax.vmap(issue_bound.issue_ns, (None, 0))(demand, maps)
-    out = dataclasses.replace(out, fluid_ns=jnp.maximum(out.fluid_ns, issue_ns))
-    return jax.tree.map(lambda b: np.asarray(b).reshape(shape), out)
+    out = per_map(lambda f: bounds.bounds(work, f, launch_ns), maps, shape)
+    issue_ns = np.asarray(jax.vmap(issue_bound.issue_ns, (None, 0))(demand, maps)).reshape(shape)
+    return dataclasses.replace(out, fluid_ns=np.maximum(out.fluid_ns, issue_ns))
 
 
 def paired_table(ds, sigmas: list[float], where: list[tuple[str, dict]]) -> str:
@@ -216,16 +220,17 @@ def main() -> None:
         runs = uniform_runs(arch, kernel)
         maps, shape = clock_maps(ds, arch, sel)
         table = table_runs(arch, kernel, float(np.min(maps[maps > 0])), args.table_clocks)
-        oracle = oracle_bounds(arch, kernel, bounds.work_table_from_uniform(*table), table[0], maps, shape)
+        work = bounds.work_table_from_uniform(*table)
+        clairvoyant = per_map(lambda f: bounds.clairvoyant_ns(work, f, float(arch.cta_launch_ns)), maps, shape)
         two_clocks = oracle_bounds(arch, kernel, bounds.work_from_uniform(*runs), runs[0], maps, shape)
         mean_mhz = np.asarray(ds.sm_freq_mhz.sel(sel), np.float64).mean(axis=-1)
-        references[variant] = {"clairvoyant": oracle.clairvoyant_ns,
+        references[variant] = {"clairvoyant": clairvoyant,
                                "uniform chip": np.asarray(bounds.uniform_chip(*runs).makespan_ns(mean_mhz)),
                                TWO_CLOCKS: two_clocks.clairvoyant_ns}
         fluid = two_clocks.fluid_ns
         make = np.asarray(ds.makespan_ns.sel(sel))  # [dispatch, sigma, replicate]
         gap = make / fluid - 1.0
-        gap_cv = make / oracle.clairvoyant_ns - 1.0
+        gap_cv = make / clairvoyant - 1.0
         for i, policy in enumerate(policies):
             med = np.median(make[i], axis=-1)
             cells = [f"{m / 1000:.2f} µs ({100 * np.median(g):+.1f} %; {100 * np.median(h):+.1f} %)"

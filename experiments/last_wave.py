@@ -4,9 +4,9 @@
 On Gaussian chips (seeds 100, 101, ..., mean 1.8 GHz, spread `--sigma`) it runs the kernel with
 hardware dispatch and with the clock regression at `--margin`, and prints per chip both
 makespans, the clairvoyant schedule (`jaxsched.bounds`, on the work model tabulated from
-uniform runs as `die_scaling_report.py` does) and the share of hardware dispatch's gap to it won back; then, for chip
-`--show`, the last `--last` CTAs each policy started: SM, its clock, start, end and duration in
-ticks. It shows whether the tail is set by the SMs' speeds or by the CTAs' own work.
+uniform runs as `die_scaling_report.py` does) and the share of hardware dispatch's gap to it won
+back; then, for chip `--show`, the last `--last` CTAs each policy started: SM, its clock, start,
+end and duration in ticks. It shows whether the tail is set by the SMs' speeds or by the CTAs' own work.
 
     python experiments/last_wave.py sweeps/kernels/few_long_ldg.toml --grid 2112 --sigma 0.1 --chips 6
 """

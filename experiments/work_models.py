@@ -22,19 +22,13 @@ from __future__ import annotations
 
 import argparse
 
-import jax
 import numpy as np
 import xarray as xr
 
 from jaxsched import bounds, sweep
 
-from die_scaling_report import cases, clock_maps, policies_by_parameters, table_runs, uniform_runs
+from die_scaling_report import cases, clock_maps, per_map, policies_by_parameters, table_runs, uniform_runs
 from known_speeds import online_ns
-
-
-def per_map(fn, maps: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-    """`fn(clock map)` over the rows of `maps`, shaped `shape`."""
-    return np.asarray(jax.jit(lambda fs: jax.lax.map(fn, fs, batch_size=16))(maps)).reshape(shape)
 
 
 def main() -> None:
@@ -45,20 +39,20 @@ def main() -> None:
     args = parser.parse_args()
     ds = xr.open_dataset(args.out, engine="h5netcdf") if args.out.endswith(".nc") else sweep.open_result(args.out)
     ds = policies_by_parameters(ds)
-    arch = sweep.load(args.spec).arch
+    spec = sweep.load(args.spec)
+    arch = spec.arch
     policies = list(ds.policy_dispatch.values)
     sigmas = [float(s) for s in ds.clocks_sigma.values]
     launch_ns = float(arch.cta_launch_ns)
-    print(f"| kernel | work model | " + " | ".join(f"σ = {s:g}" for s in sigmas) + " |")
+    print("| kernel | work model | " + " | ".join(f"σ = {s:g}" for s in sigmas) + " |")
     print("|---|---|" + "---|" * len(sigmas))
-    for label, sel, kernel in cases(ds, sweep.load(args.spec)):
-        sel = {**sel, "policy_dispatch": "hardware"}
-        maps, shape = clock_maps(ds, arch, sel)
+    for label, sel, kernel in cases(ds, spec):
+        maps, shape = clock_maps(ds, arch, {**sel, "policy_dispatch": "hardware"})  # every policy's chips
         table = table_runs(arch, kernel, float(np.min(maps[maps > 0])), args.table_clocks)
         models = {"two clocks": bounds.work_from_uniform(*uniform_runs(arch, kernel)),
                   "table, per CTA": bounds.work_table_from_uniform(*table, split="cta"),
                   "table": bounds.work_table_from_uniform(*table)}
-        make = np.asarray(ds.makespan_ns.sel({k: v for k, v in sel.items() if k != "policy_dispatch"}))
+        make = np.asarray(ds.makespan_ns.sel(sel))
         hw, best = make[policies.index("hardware")], make[-1]
         for name, work in models.items():
             cv = per_map(lambda f: bounds.clairvoyant_ns(work, f, launch_ns), maps, shape)
