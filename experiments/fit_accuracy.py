@@ -185,7 +185,9 @@ def gradient_section(args) -> dict:
         for policy in ("weighted", "closed_loop"):
             def fn(mhz, weight, alpha, prior, policy=policy):
                 moved = dataclasses.replace(launch, sm_freq_mhz=mhz)
-                params = sg.DispatchParams(weight, alpha, prior, jnp.float64(DEFAULT_HOLD_MARGIN))
+                params = dataclasses.replace(sg.dispatch_params(ARCH, np.asarray(clk.sm_freq_mhz)), weight=weight,
+                                             ema_alpha=alpha, ema_prior_ns=prior,
+                                             hold_margin=jnp.float64(DEFAULT_HOLD_MARGIN))
                 return sg.schedule(moved, params, 0.05, policy=policy, max_slots=8).makespan_ns
 
             # distinct priors: equal ones tie every SM at the start, a kink at exactly that point

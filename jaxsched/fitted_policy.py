@@ -9,6 +9,8 @@ that the exact engine runs, and what a sweep runs where `[policy] dispatch = "fi
     ema_prior_ns = 0.0
     hold_margin = 0.05
     hold_noise = 1.5
+    hold_queue = 0.0
+    hold_left = 1.0
 
 Only per-configuration scalars are written, so that one file runs on any chip and kernel; a
 family whose parameters depend on the chip (fitted static weights) has no file.
@@ -21,13 +23,13 @@ from pathlib import Path
 
 from . import sweep_paths, tomldoc
 from .errors import check
-from .policies import (DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE,
-                       DISPATCH_POLICIES, FITTED_DISPATCH)
+from .policies import (DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_LEFT, DEFAULT_HOLD_MARGIN,
+                       DEFAULT_HOLD_NOISE, DEFAULT_HOLD_QUEUE, DISPATCH_POLICIES, FITTED_DISPATCH)
 
 # The policy parameters a file may set, with the defaults it runs where it does not (not the
 # spec's values: a fitted policy runs the same in every sweep).
 DEFAULTS = {"ema_alpha": DEFAULT_EMA_ALPHA, "ema_prior_ns": DEFAULT_EMA_PRIOR_NS, "hold_margin": DEFAULT_HOLD_MARGIN,
-            "hold_noise": DEFAULT_HOLD_NOISE}
+            "hold_noise": DEFAULT_HOLD_NOISE, "hold_queue": DEFAULT_HOLD_QUEUE, "hold_left": DEFAULT_HOLD_LEFT}
 FIELDS = tuple(DEFAULTS)
 
 

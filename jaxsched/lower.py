@@ -25,8 +25,9 @@ from .errors import INT32_MAX, INT32_MIN, JaxschedError, check, check_floats, ch
 from .isa import Op
 from .kernel import WAIT_BITS, Kernel, data_rows, validate_kernel
 from .occupancy import REG_SHARE_ONE, check_launch, occupancy
-from .policies import (DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE,
-                       DISPATCH_POLICIES, MAX_HOLD_NOISE, WARP_POLICIES)
+from .policies import (DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_LEFT, DEFAULT_HOLD_MARGIN,
+                       DEFAULT_HOLD_NOISE, DEFAULT_HOLD_QUEUE, DISPATCH_POLICIES, MAX_HOLD_LEFT, MAX_HOLD_NOISE,
+                       MAX_HOLD_QUEUE, WARP_POLICIES)
 
 QUEUE_ONE_TICK = 1024  # memory-queue backlog is kept in 1/1024 of a tick
 BRANCH_HASH_ONE = 1 << 24  # branch lane draws compare 24-bit hashes against p * 2^24
@@ -92,6 +93,8 @@ class Policy(eqx.Module):
     ema_prior_ticks: Int[Array, ""]  # closed-loop initial estimate of a CTA's duration
     hold_margin_256: Int[Array, ""]  # closed-loop hold margin, a share of the estimate in 1/256, 0..256
     hold_noise_256: Int[Array, ""]  # closed-loop hold margin per unit of the deviation, in 1/256, 0..2048
+    hold_queue_256: Int[Array, ""]  # closed-loop hold: weight of a better slot's later CTAs, in 1/256, 0..256
+    hold_left_256: Int[Array, ""]  # closed-loop hold: weight of the CTAs left, in 1/256, 0..1024
 
 
 class Program(eqx.Module):
@@ -246,7 +249,7 @@ def validate_launch(arch: Arch, kernel: Kernel) -> None:
 
 
 def validate_dispatch(arch: Arch, weights: object, ema_alpha: float, ema_prior_ns: float, hold_margin: float,
-                      hold_noise: float) -> None:
+                      hold_noise: float, hold_queue: float, hold_left: float) -> None:
     """Raise `JaxschedError` for bad dispatch parameters (concrete inputs only). `weights` has
     one integer per SM slot (`clocks.per_slot`: per enabled SM is expanded before this)."""
     if weights is not None:
@@ -261,6 +264,8 @@ def validate_dispatch(arch: Arch, weights: object, ema_alpha: float, ema_prior_n
     check_floats(ema_prior_ns, "ema_prior_ns", 0.0, 1e8, "in [0, 1e8] ns")
     check_floats(hold_margin, "hold_margin", 0.0, 1.0, "a share of the estimate in [0, 1]")
     check_floats(hold_noise, "hold_noise", 0.0, MAX_HOLD_NOISE, f"deviations in [0, {MAX_HOLD_NOISE:g}]")
+    check_floats(hold_queue, "hold_queue", 0.0, MAX_HOLD_QUEUE, f"a weight per queued CTA in [0, {MAX_HOLD_QUEUE:g}]")
+    check_floats(hold_left, "hold_left", 0.0, MAX_HOLD_LEFT, f"a weight of the CTAs left in [0, {MAX_HOLD_LEFT:g}]")
 
 
 def _round_i32(x: Array) -> Array:
@@ -286,6 +291,8 @@ def _lower(
     ema_prior_ns: Float[Array, ""] | float = DEFAULT_EMA_PRIOR_NS,
     hold_margin: Float[Array, ""] | float = DEFAULT_HOLD_MARGIN,
     hold_noise: Float[Array, ""] | float = DEFAULT_HOLD_NOISE,
+    hold_queue: Float[Array, ""] | float = DEFAULT_HOLD_QUEUE,
+    hold_left: Float[Array, ""] | float = DEFAULT_HOLD_LEFT,
     dvfs: Dvfs | None = None,
 ) -> Launch:
     """Convert one configuration to engine units. Traceable; call `validate` first when concrete.
@@ -353,6 +360,8 @@ def _lower(
             ema_prior_ticks=ns_to_ticks(ema_prior_ns, tick_mhz),
             hold_margin_256=_round_i32(jnp.asarray(hold_margin, jnp.float64) * 256.0),
             hold_noise_256=_round_i32(jnp.asarray(hold_noise, jnp.float64) * 256.0),
+            hold_queue_256=_round_i32(jnp.asarray(hold_queue, jnp.float64) * 256.0),
+            hold_left_256=_round_i32(jnp.asarray(hold_left, jnp.float64) * 256.0),
         ),
         program=Program(
             n_ctas=i32(kernel.grid_ctas),

@@ -30,7 +30,8 @@ from .errors import check
 from .kernel import Kernel
 from .lower import policy_index, validate_dispatch
 from .policies import (DEFAULT_DISPATCH, DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS,
-                       DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE, DEFAULT_WARP_POLICY, DISPATCH_POLICIES, MAX_FIT_SMS,
+                       DEFAULT_HOLD_LEFT, DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE, DEFAULT_HOLD_QUEUE,
+                       DEFAULT_WARP_POLICY, DISPATCH_POLICIES, MAX_FIT_SMS,
                        WARP_POLICIES)
 from .workload import Workload
 
@@ -49,6 +50,8 @@ class Params(eqx.Module):
     ema_prior_ns: Float[Array, ""]  # closed loop: the estimate before an SM's first CTA ends
     hold_margin: Float[Array, ""]  # closed loop: the tail hold's margin, a share of the estimate
     hold_noise: Float[Array, ""]  # closed loop: and a multiple of the SM's deviation
+    hold_queue: Float[Array, ""]  # closed loop: the hold's weight of a better slot's later CTAs
+    hold_left: Float[Array, ""]  # closed loop: the hold's weight of the CTAs left
     dvfs: Dvfs
 
     def __check_init__(self) -> None:
@@ -68,7 +71,8 @@ class Params(eqx.Module):
         check(0 <= int(self.dispatch_start) < 2**31, "dispatch_start", int(self.dispatch_start),
               "an integer in 0 .. 2^31 - 1")
         validate_dispatch(self.arch, self.dispatch_weight, float(self.ema_alpha), float(self.ema_prior_ns),
-                          float(self.hold_margin), float(self.hold_noise))
+                          float(self.hold_margin), float(self.hold_noise), float(self.hold_queue),
+                          float(self.hold_left))
         dvfs_input(self.arch, self.dvfs)
         once.remember(self, "params")
 
@@ -83,14 +87,15 @@ def checked(params: Params) -> Params:
 
 
 def dispatch_inputs(arch: Arch, clocks: Clocks, weight: ArrayLike | None, alpha: float, prior_ns: float,
-                    hold_margin: float, hold_noise: float
-                    ) -> tuple[np.ndarray, np.float32, np.float32, np.float32, np.float32]:
+                    hold_margin: float, hold_noise: float, hold_queue: float, hold_left: float
+                    ) -> tuple[np.ndarray, np.float32, np.float32, np.float32, np.float32, np.float32, np.float32]:
     """Validated dispatch parameters as arrays (weights per enabled SM or per SM slot; None: the
     SM clocks in MHz)."""
     weight = None if weight is None else clocks_mod.per_slot(arch, weight, "dispatch_weight", fill=0)
-    validate_dispatch(arch, weight, alpha, prior_ns, hold_margin, hold_noise)
+    validate_dispatch(arch, weight, alpha, prior_ns, hold_margin, hold_noise, hold_queue, hold_left)
     w = np.asarray(clocks.sm_freq_mhz if weight is None else weight, dtype=np.int32)
-    return w, np.float32(alpha), np.float32(prior_ns), np.float32(hold_margin), np.float32(hold_noise)
+    return (w, np.float32(alpha), np.float32(prior_ns), np.float32(hold_margin), np.float32(hold_noise),
+            np.float32(hold_queue), np.float32(hold_left))
 
 
 def dvfs_input(arch: Arch, dvfs: Dvfs | None) -> Dvfs:
@@ -114,6 +119,8 @@ def make_params(
     ema_prior_ns: float = DEFAULT_EMA_PRIOR_NS,
     hold_margin: float = DEFAULT_HOLD_MARGIN,
     hold_noise: float = DEFAULT_HOLD_NOISE,
+    hold_queue: float = DEFAULT_HOLD_QUEUE,
+    hold_left: float = DEFAULT_HOLD_LEFT,
     dvfs: Dvfs | None = None,
 ) -> Params:
     """One configuration, validated, with every default resolved (`clocks`: the arch's base clock
@@ -125,11 +132,11 @@ def make_params(
     clocks_mod.validate_clocks(arch, clocks)  # before the weights default to it
     check(isinstance(dispatch_start, (int, np.integer)) and 0 <= dispatch_start < 2**31,
           "dispatch_start", dispatch_start, "an integer in 0 .. 2^31 - 1")
-    weight, alpha, prior, margin, noise = dispatch_inputs(arch, clocks, dispatch_weight, ema_alpha, ema_prior_ns,
-                                                          hold_margin, hold_noise)
+    weight, alpha, prior, margin, noise, queue, left = dispatch_inputs(
+        arch, clocks, dispatch_weight, ema_alpha, ema_prior_ns, hold_margin, hold_noise, hold_queue, hold_left)
     return Params(arch=arch, kernel=kernel, clocks=clocks,
                   warp_policy=np.int32(policy_index(warp_policy, WARP_POLICIES, "warp_policy")),
                   dispatch=np.int32(policy_index(dispatch, DISPATCH_POLICIES, "dispatch")),
                   dispatch_start=np.int32(dispatch_start), dispatch_weight=weight, ema_alpha=alpha,
                   ema_prior_ns=prior, hold_margin=margin, hold_noise=noise,
-                  dvfs=off(arch) if dvfs is None else dvfs)  # checked by __check_init__
+                  hold_queue=queue, hold_left=left, dvfs=off(arch) if dvfs is None else dvfs)  # checked by __check_init__

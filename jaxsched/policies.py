@@ -15,6 +15,17 @@ from types import ModuleType
 
 from . import reference_dispatch, reference_warp
 
+# closed loop: the tail hold's score, here before the policy modules are imported (they read it).
+# A better slot counts 1, and `hold_queue` for each later CTA it is expected to finish before the
+# candidate would (its queue: at most HOLD_QUEUE_CTAS CTAs in all); the CTA is held where that sum
+# reaches `hold_left` times the launch's CTAs left (`hold_queue = 0` and `hold_left = 1`: the
+# count of better slots against the CTAs left)
+DEFAULT_HOLD_QUEUE = 0.0
+MAX_HOLD_QUEUE = 1.0
+DEFAULT_HOLD_LEFT = 1.0
+MAX_HOLD_LEFT = 4.0
+HOLD_QUEUE_CTAS = 4
+
 
 def _modules(package: ModuleType) -> dict[str, ModuleType]:
     """The policy modules of `package` by name, in `NUMBER` order (0, 1, ... without gaps)."""

@@ -56,8 +56,9 @@ from .isa import Op
 from .kernel import FIXED, MAX_DEP_SLOTS, MEMORY, MIO
 from .occupancy import REG_SHARE_ONE
 from .policies import (DEFAULT_DISPATCH, DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS,
-                       DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE, DEFAULT_TRACE_LEN, DEFAULT_WARP_POLICY,
-                       DISPATCH_MODULES, DISPATCH_POLICIES, MAX_HOLD_NOISE, WARP_MODULES, WARP_POLICIES)
+                       DEFAULT_HOLD_LEFT, DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE, DEFAULT_HOLD_QUEUE, DEFAULT_TRACE_LEN,
+                       DEFAULT_WARP_POLICY, DISPATCH_MODULES, DISPATCH_POLICIES, MAX_HOLD_LEFT, MAX_HOLD_NOISE,
+                       MAX_HOLD_QUEUE, WARP_MODULES, WARP_POLICIES)
 
 MASK32 = 0xFFFFFFFF
 GOLDEN32 = 0x9E3779B9
@@ -693,6 +694,12 @@ class _Sim:
         self.hold_noise_256 = int(first.policy.hold_noise_256)
         if not 0 <= self.hold_noise_256 <= int(MAX_HOLD_NOISE * EMA_ONE):
             raise ValueError(f"hold_noise_256 = {self.hold_noise_256} outside 0..{int(MAX_HOLD_NOISE * EMA_ONE)}")
+        self.hold_queue_256 = int(first.policy.hold_queue_256)
+        if not 0 <= self.hold_queue_256 <= int(MAX_HOLD_QUEUE * EMA_ONE):
+            raise ValueError(f"hold_queue_256 = {self.hold_queue_256} outside 0..{int(MAX_HOLD_QUEUE * EMA_ONE)}")
+        self.hold_left_256 = int(first.policy.hold_left_256)
+        if not 0 <= self.hold_left_256 <= int(MAX_HOLD_LEFT * EMA_ONE):
+            raise ValueError(f"hold_left_256 = {self.hold_left_256} outside 0..{int(MAX_HOLD_LEFT * EMA_ONE)}")
         self.cta_launch_ticks = int(first.chip.cta_launch_ticks)
         if self.cta_launch_ticks < 0:
             raise ValueError(f"cta_launch_ticks = {self.cta_launch_ticks} < 0")
@@ -1260,6 +1267,8 @@ def simulate(
     ema_prior_ns: float = DEFAULT_EMA_PRIOR_NS,
     hold_margin: float = DEFAULT_HOLD_MARGIN,
     hold_noise: float = DEFAULT_HOLD_NOISE,
+    hold_queue: float = DEFAULT_HOLD_QUEUE,
+    hold_left: float = DEFAULT_HOLD_LEFT,
     max_ticks: int = 10**7,
     dispatch_trace: bool = False,
     dvfs=None,
@@ -1271,8 +1280,8 @@ def simulate(
     `kernel` is a `Kernel` (one launch, no launch overhead) or a `jaxsched.workload.Workload`
     (section 13: every launch's kernel is lowered on its own with the same chip, clocks,
     policies and DVFS, so they share the tick rate). `dispatch_weight` ([n_sm] integers,
-    default each SM's clock in MHz), `ema_alpha`, `ema_prior_ns`, `hold_margin` and `hold_noise` parameterise
-    the weighted and closed-loop dispatch policies (model.md sections 3 and 9). `dvfs` (a
+    default each SM's clock in MHz), `ema_alpha`, `ema_prior_ns`, `hold_margin`, `hold_noise`,
+    `hold_queue` and `hold_left` parameterise the weighted and closed-loop dispatch policies (model.md sections 3 and 9). `dvfs` (a
     `jaxsched.dvfs.Dvfs`, default static clocks) turns on section 12, with `clocks` as the
     static map `cap_s`; `trace_len` is the number of trace rows.
     Returns `simulate_workload`'s arrays plus `makespan_ns = makespan_ticks * 1000 / F` and
@@ -1292,7 +1301,8 @@ def simulate(
         workload_mod.validate_structure(kernel)
     for one in kernels:
         lower_mod.validate(arch, one, clocks)
-    lower_mod.validate_dispatch(arch, dispatch_weight, ema_alpha, ema_prior_ns, hold_margin, hold_noise)
+    lower_mod.validate_dispatch(arch, dispatch_weight, ema_alpha, ema_prior_ns, hold_margin, hold_noise, hold_queue,
+                                hold_left)
     if dvfs is not None:
         dvfs_mod.validate_dvfs(dvfs)
     check(isinstance(trace_len, (int, np.integer)) and 0 <= trace_len <= dvfs_mod.MAX_TRACE_ROWS, "trace_len",
@@ -1302,7 +1312,7 @@ def simulate(
     launches = [lower_mod.to_numpy(lower_mod.lower(
         arch, one, clocks, wp, dp, dispatch_start, dispatch_weight=dispatch_weight,
         ema_alpha=ema_alpha, ema_prior_ns=ema_prior_ns, hold_margin=hold_margin, hold_noise=hold_noise,
-        dvfs=dvfs)) for one in kernels]
+        hold_queue=hold_queue, hold_left=hold_left, dvfs=dvfs)) for one in kernels]
     tick_mhz = int(launches[0].clocks.tick_mhz)
     shapes = dataclasses.replace(lower_mod.shapes_for(arch, kernels[0]), trace_len=int(trace_len),
                                  n_instr=max(one.n_instr for one in kernels),

@@ -33,8 +33,8 @@ from .errors import INT32_MAX, JaxschedError, check
 from .kernel import Kernel
 from .lower import DISPATCH_POLICIES, WARP_POLICIES
 from .policies import (DEFAULT_DISPATCH, DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS,
-                       DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE, DEFAULT_WARP_POLICY, FITTED_DISPATCH,
-                       MAX_HOLD_NOISE)
+                       DEFAULT_HOLD_LEFT, DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE, DEFAULT_HOLD_QUEUE,
+                       DEFAULT_WARP_POLICY, FITTED_DISPATCH, MAX_HOLD_LEFT, MAX_HOLD_NOISE, MAX_HOLD_QUEUE)
 
 Point = Mapping[str, object]  # group -> Arch | Kernel | dict of a table group
 
@@ -299,10 +299,14 @@ GROUPS: dict[str, TableGroup | PytreeGroup] = {
          # closed-loop dispatch: the tail hold's margin, a share of the CTA-duration estimate
          "hold_margin": Param("float", 0.0, 1.0),
          # and a multiple of the SM's deviation (the smoothed standard deviation of its CTA durations)
-         "hold_noise": Param("float", 0.0, MAX_HOLD_NOISE)},
+         "hold_noise": Param("float", 0.0, MAX_HOLD_NOISE),
+         # the hold's score: weight of each later CTA a better slot finishes first, and of the CTAs left
+         "hold_queue": Param("float", 0.0, MAX_HOLD_QUEUE),
+         "hold_left": Param("float", 0.0, MAX_HOLD_LEFT)},
         lambda arch: {"warp": DEFAULT_WARP_POLICY, "dispatch": DEFAULT_DISPATCH, "dispatch_start": DEFAULT_DISPATCH_START,
                       "weights": "clocks", "ema_alpha": DEFAULT_EMA_ALPHA, "ema_prior_ns": DEFAULT_EMA_PRIOR_NS,
-                      "hold_margin": DEFAULT_HOLD_MARGIN, "hold_noise": DEFAULT_HOLD_NOISE}),
+                      "hold_margin": DEFAULT_HOLD_MARGIN, "hold_noise": DEFAULT_HOLD_NOISE,
+                      "hold_queue": DEFAULT_HOLD_QUEUE, "hold_left": DEFAULT_HOLD_LEFT}),
     "clocks": TableGroup(
         {"model": Param("choice", choices=CLOCK_MODELS),
          "mean_ghz": Param("float", 0.0, low_open=True),

@@ -239,6 +239,8 @@ def configurations(draw) -> dict:
         ema_prior_ns=draw(st.sampled_from([0.0, 50.0, 1000.0])),
         hold_margin=draw(st.sampled_from([0.0, 0.0625, 0.125, 0.3, 1.0])),
         hold_noise=draw(st.sampled_from([0.0, 0.0, 1.0, 2.5])),
+        hold_queue=draw(st.sampled_from([0.0, 0.0, 0.5, 1.0])),
+        hold_left=draw(st.sampled_from([1.0, 1.0, 0.0, 0.5, 2.5])),
     )
 
 
@@ -291,7 +293,8 @@ def _padded_program(kernel):
 
 def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: str = "gto", dispatch: str = "hardware",
                     dispatch_start: int = 0, dispatch_weight=None, ema_alpha: float = 0.25, ema_prior_ns: float = 0.0,
-                    hold_margin: float = 0.125, hold_noise: float = 0.0, dvfs=None, trace_len: int = 0,
+                    hold_margin: float = 0.125, hold_noise: float = 0.0, hold_queue: float = 0.0,
+                    hold_left: float = 1.0, dvfs=None, trace_len: int = 0,
                     max_ticks: int = MAX_TICKS, fast_forward_step: bool | None = None) -> Result:
     """`simulate` with `reference.simulate`'s arguments, as one configuration of a batch padded to
     the largest static sizes the strategies draw (every CTA slot of the chip, `MAX_GRID` CTAs,
@@ -313,7 +316,7 @@ def simulate_padded(*, arch: js.Arch, kernel, clocks: js.Clocks, warp_policy: st
     batch = simulate_batch([arch], [_padded_program(kernel)], [clocks], [WARP_POLICIES.index(warp_policy)],
                            [DISPATCH_POLICIES.index(dispatch)], [dispatch_start], dispatch_weight=[dispatch_weight],
                            ema_alpha=ema_alpha, ema_prior_ns=ema_prior_ns, hold_margin=hold_margin,
-                           hold_noise=hold_noise, dvfs=[dvfs],
+                           hold_noise=hold_noise, hold_queue=hold_queue, hold_left=hold_left, dvfs=[dvfs],
                            trace_len=TRACE_ROWS,
                            dvfs_step=True, closed_loop_step=True, cta_slots=int(arch.max_blocks_per_sm),
                            max_ctas=grid, dep_slots=MAX_DEP_SLOTS, data_tables=True, max_ticks=max_ticks,

@@ -119,6 +119,8 @@ def test_batch_equals_single(cfgs: list[dict]) -> None:
         ema_prior_ns=[c["ema_prior_ns"] for c in members],
         hold_margin=[c["hold_margin"] for c in members],
         hold_noise=[c["hold_noise"] for c in members],
+        hold_queue=[c["hold_queue"] for c in members],
+        hold_left=[c["hold_left"] for c in members],
         **_batch_statics(members),
     )
     refs = [ref for _, ref in good] + [good[0][1]] * (_BATCH - len(good))

@@ -145,10 +145,18 @@ def test_engine_inputs_of_the_learned_families():
     tail = dispatch_fit.engine_inputs("closed_loop_tail", {"alpha_logit": 0.0, "margin_logit": np.log(1 / 3)}, ARCH,
                                       mhz, 500.0)
     assert tail == {"dispatch": "closed_loop", "ema_alpha": 0.5, "ema_prior_ns": 0.0,
-                    "hold_margin": pytest.approx(0.25), "hold_noise": 0.0}
+                    "hold_margin": pytest.approx(0.25), "hold_noise": 0.0, "hold_queue": 0.0, "hold_left": 1.0}
     noise = dispatch_fit.engine_inputs("closed_loop_noise", {"alpha_logit": 0.0, "margin_logit": np.log(1 / 3),
                                                              "noise_logit": 0.0}, ARCH, mhz, 500.0)
     assert noise == {**tail, "hold_noise": pytest.approx(js.policies.MAX_HOLD_NOISE / 2)}
+    score = dispatch_fit.engine_inputs("closed_loop_score", {"alpha_logit": 0.0, "margin_logit": np.log(1 / 3),
+                                                             "queue_logit": 0.0, "left_logit": np.log(1 / 3)},
+                                       ARCH, mhz, 500.0)
+    assert score == {**tail, "hold_queue": pytest.approx(0.5), "hold_left": pytest.approx(1.0)}
+    for family in dispatch_fit.PORTABLE_FAMILIES:  # theta_of inverts portable_inputs
+        theta = {k: float(v[0]) for k, v in dispatch_fit.initial_theta(family).items()}
+        back = dispatch_fit.theta_of(family, dispatch_fit.portable_inputs(family, theta))
+        assert back == pytest.approx(theta), family
     start = {k: float(v[0]) for k, v in dispatch_fit.initial_theta("closed_loop_tail").items()}
     assert dispatch_fit.portable_inputs("closed_loop_tail", start)["hold_margin"] == pytest.approx(
         js.policies.DEFAULT_HOLD_MARGIN)  # the fit starts from the engine's default closed loop

@@ -31,7 +31,8 @@ def spec_dir(tmp_path):
 def test_the_file_reads_back_what_was_written():
     got = fitted_policy.loads(POLICY, "p.toml")
     assert got.dispatch == "closed_loop"
-    assert got.values == {"ema_alpha": 0.5, "ema_prior_ns": 0.0, "hold_margin": 0.0625, "hold_noise": 0.0}
+    assert got.values == {"ema_alpha": 0.5, "ema_prior_ns": 0.0, "hold_margin": 0.0625, "hold_noise": 0.0,
+                          "hold_queue": 0.0, "hold_left": 1.0}
 
 
 @pytest.mark.parametrize("old, new, field", [

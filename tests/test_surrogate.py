@@ -90,14 +90,15 @@ def test_soft_converges_to_hard_as_temperature_vanishes(work, policy):
         assert float(_run(work, mhz, policy, t, "straight_through").makespan_ns) == hard
 
 
-@pytest.mark.parametrize("alpha, margin, noise", [(0.5, 0.0, 0.0), (0.4, 0.05, 0.0), (0.25, 0.5, 0.0),
-                                                  (0.25, 0.03, 1.5), (0.125, 0.0, 4.0)])
-def test_the_fitted_closed_loops_soft_surrogate_converges_to_hard(work, alpha, margin, noise):
-    """The closed loop with the parameters `closed_loop_tail` and `closed_loop_noise` fit (EMA
-    smoothing, hold margin, its deviation term) relaxes to the hard model as T -> 0, as with
-    the defaults."""
+@pytest.mark.parametrize("alpha, margin, noise, queue, left", [
+    (0.5, 0.0, 0.0, 0.0, 1.0), (0.4, 0.05, 0.0, 0.0, 1.0), (0.25, 0.5, 0.0, 0.0, 1.0), (0.25, 0.03, 1.5, 0.0, 1.0),
+    (0.125, 0.0, 4.0, 0.0, 1.0), (0.25, 0.0625, 0.0, 0.5, 0.75), (0.25, 0.0, 0.0, 1.0, 2.5)])
+def test_the_fitted_closed_loops_soft_surrogate_converges_to_hard(work, alpha, margin, noise, queue, left):
+    """The closed loop with the parameters `closed_loop_tail`, `closed_loop_noise` and
+    `closed_loop_score` fit (EMA smoothing, hold margin, its deviation term, the hold score's
+    queue and CTAs-left weights) relaxes to the hard model as T -> 0, as with the defaults."""
     mhz = _mhz(3)
-    params = {"ema_alpha": alpha, "hold_margin": margin, "hold_noise": noise}
+    params = {"ema_alpha": alpha, "hold_margin": margin, "hold_noise": noise, "hold_queue": queue, "hold_left": left}
     hard = float(_run(work, mhz, "closed_loop", **params).makespan_ns)
     assert float(_run(work, mhz, "closed_loop", 1e-5, "soft", **params).makespan_ns) == pytest.approx(hard, rel=1e-5)
     assert float(_run(work, mhz, "closed_loop", 0.1, "straight_through", **params).makespan_ns) == hard
@@ -138,10 +139,10 @@ def test_soft_choice_gives_exact_ties_to_the_first_entry():
 def _makespan_fn(work, policy, temperature):
     launch = sg.make_launch(ARCH, KERNEL, _mhz(2), work)
 
-    def fn(mhz, weight, alpha, prior, margin, noise):
+    def fn(mhz, weight, alpha, prior, margin, noise, queue, left):
         moved = dataclasses.replace(launch, sm_freq_mhz=mhz)
-        return sg.schedule(moved, sg.DispatchParams(weight, alpha, prior, margin, noise), temperature, policy=policy,
-                           max_slots=SLOTS).makespan_ns
+        return sg.schedule(moved, sg.DispatchParams(weight, alpha, prior, margin, noise, queue, left), temperature,
+                           policy=policy, max_slots=SLOTS).makespan_ns
 
     return fn, launch
 
@@ -153,11 +154,12 @@ def test_gradients_agree_with_finite_differences(work, policy):
                                                work), policy, 0.05)
         f64 = jnp.asarray(launch.sm_freq_mhz, jnp.float64)
         args = [f64, f64, jnp.float64(0.3), 200.0 + 0.37 * jnp.arange(f64.shape[0], dtype=jnp.float64),
-                jnp.float64(0.1), jnp.float64(0.7)]
-        grads = jax.grad(fn, argnums=(0, 1, 2, 3, 4, 5))(*args)
+                jnp.float64(0.1), jnp.float64(0.7), jnp.float64(0.5), jnp.float64(0.9)]
+        grads = jax.grad(fn, argnums=tuple(range(len(args))))(*args)
         checked = 0
+        # every parameter, the hold score's weights (queue, CTAs left) too
         for i, idx, h in [(0, 2, 1e-3), (0, 5, 1e-3), (1, 3, 1e-3), (2, None, 1e-6), (3, 1, 1e-4), (4, None, 1e-6),
-                          (5, None, 1e-6)]:
+                          (5, None, 1e-6), (6, None, 1e-6), (7, None, 1e-6)]:
             def bump(d, i=i, idx=idx):
                 a = list(args)
                 a[i] = a[i] + d if idx is None else a[i].at[idx].add(d)
@@ -170,11 +172,35 @@ def test_gradients_agree_with_finite_differences(work, policy):
         assert checked >= 2  # the parameters of the policy move the makespan
 
 
+def test_the_hold_scores_gradients_agree_with_finite_differences(work):
+    """The hold score's weights (`hold_queue`, `hold_left`) move the soft makespan, and
+    `jax.grad` gives its derivative, on a chip whose two slow SMs (800 and 700 MHz) are slow
+    enough that a fast slot finishes two CTAs before a slow one finishes its own (the queue)."""
+    mhz = np.asarray([1980.0] * 6 + [800.0, 700.0])
+    with jax.enable_x64(True):
+        f64 = lambda tree: jax.tree.map(lambda x: jnp.asarray(x, jnp.float64) if x.dtype.kind == "f" else x, tree)
+        launch = f64(sg.make_launch(ARCH, KERNEL, mhz, f64(work)))
+        base = f64(sg.dispatch_params(ARCH, mhz, ema_alpha=0.3, hold_margin=0.1))
+
+        def fn(queue, left):
+            params = dataclasses.replace(base, hold_queue=queue, hold_left=left)
+            return sg.schedule(launch, params, 0.3, policy="closed_loop", max_slots=SLOTS).makespan_ns
+
+        for queue, left in ((0.5, 0.9), (0.3, 0.6)):
+            grads = jax.grad(fn, argnums=(0, 1))(jnp.float64(queue), jnp.float64(left))
+            h = 1e-6
+            fd = ((fn(queue + h, left) - fn(queue - h, left)) / (2 * h), (fn(queue, left + h) - fn(queue, left - h)) / (2 * h))
+            for ad, diff in zip(grads, fd):
+                assert abs(float(ad)) > 1e-3  # measured: 0.046 and 0.066 (queue), 2.2 and 13 (left)
+                assert float(ad) == pytest.approx(float(diff), rel=1e-4)
+
+
 def test_straight_through_has_the_soft_gradient(work):
     launch = sg.make_launch(ARCH, KERNEL, _mhz(2), work)
     mhz = launch.sm_freq_mhz
     grad = jax.grad(lambda w: sg.schedule(launch, sg.DispatchParams(w, jnp.float32(0.25), 0.0 * mhz, jnp.float32(0.125),
-                                                                        jnp.float32(0.0)), 0.05,
+                                                                        jnp.float32(0.0), jnp.float32(0.0),
+                                                                        jnp.float32(1.0)), 0.05,
                                           policy="weighted", mode="straight_through", max_slots=SLOTS)
                     .makespan_ns)(mhz)
     assert np.all(np.isfinite(grad)) and np.any(np.asarray(grad) != 0)

@@ -61,7 +61,7 @@ def lower_config(params: Params, *, shapes: Shapes) -> Run:
     def lower_one(k: Kernel) -> Launch:
         return lower(params.arch, k, params.clocks, params.warp_policy, params.dispatch, params.dispatch_start,
                      params.dispatch_weight, params.ema_alpha, params.ema_prior_ns, params.hold_margin,
-                     params.hold_noise, params.dvfs)
+                     params.hold_noise, params.hold_queue, params.hold_left, params.dvfs)
 
     kernel = params.kernel
     if isinstance(kernel, WorkloadInput):

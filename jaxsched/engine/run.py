@@ -27,8 +27,9 @@ from ..errors import JaxschedError, check, check_ints, is_traced
 from ..kernel import MAX_DEP_SLOTS, Kernel
 from ..lower import Shapes, policy_indices, shapes_for, validate_launch
 from ..params import Params, checked, make_params
-from ..policies import (DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_FAST_FORWARD, DEFAULT_HOLD_MARGIN,
-                        DEFAULT_HOLD_NOISE, DEFAULT_TRACE_LEN, DISPATCH_POLICIES, WARP_POLICIES)
+from ..policies import (DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_FAST_FORWARD, DEFAULT_HOLD_LEFT,
+                        DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE, DEFAULT_HOLD_QUEUE, DEFAULT_TRACE_LEN,
+                        DISPATCH_POLICIES, WARP_POLICIES)
 from ..stacking import stack
 from ..workload import Workload
 from .configure import engine_params, lower_config
@@ -158,13 +159,14 @@ def simulate(
     events, CUDA graphs; docs/model.md section 13), on one chip: `simulate(params)` with a
     `jaxsched.Params`, or `simulate(arch, kernel, clocks, **config)`, which builds it with
     `make_params` (keywords `warp_policy`, `dispatch`, `dispatch_start`, `dispatch_weight`,
-    `ema_alpha`, `ema_prior_ns`, `hold_margin`, `hold_noise`, `dvfs`).
+    `ema_alpha`, `ema_prior_ns`, `hold_margin`, `hold_noise`, `hold_queue`, `hold_left`, `dvfs`).
 
     Warp policies `WARP_POLICIES` (lrr, gto, oldest); dispatch policies `DISPATCH_POLICIES`
     (the modules of `engine/dispatch_policies/`: hardware, ...; docs/model.md section 9).
     `dispatch_start` rotates the hardware SM order; `dispatch_weight` (per SM slot, default the
-    SM clocks in MHz) drives `weighted`; `ema_alpha`, `ema_prior_ns`, `hold_margin` and
-    `hold_noise` drive `closed_loop`.
+    SM clocks in MHz) drives `weighted`; `ema_alpha`, `ema_prior_ns`, `hold_margin`,
+    `hold_noise`, `hold_queue` and `hold_left` drive `closed_loop` (the last four its tail hold,
+    which `clock_regression` shares).
     `dvfs` (`jaxsched.dvfs.default(arch)`, `locked(...)`; default static clocks) turns on the
     power, thermal and clock-controller model with `clocks` as each SM's cap (section 12), and
     `trace_len` rows of the clock trace are kept. `fast_forward` jumps whole periods of an SM's
@@ -229,6 +231,8 @@ def simulate_batch(
     ema_prior_ns: ArrayLike = DEFAULT_EMA_PRIOR_NS,
     hold_margin: ArrayLike = DEFAULT_HOLD_MARGIN,
     hold_noise: ArrayLike = DEFAULT_HOLD_NOISE,
+    hold_queue: ArrayLike = DEFAULT_HOLD_QUEUE,
+    hold_left: ArrayLike = DEFAULT_HOLD_LEFT,
     dvfs: Sequence[Dvfs | None] | None = None,
     trace_len: int = DEFAULT_TRACE_LEN,
     max_ticks: int = MAX_TICKS,
@@ -249,8 +253,8 @@ def simulate_batch(
     in program length and structure, which only the list allows: they are padded to one length
     here). The keyword form builds that list with `make_params`: policies are indices into
     `WARP_POLICIES`/`DISPATCH_POLICIES`, one for all or one per configuration; `dispatch_weight`
-    a list of per-SM weights (or None: the clocks); `ema_alpha`, `ema_prior_ns`, `hold_margin` and
-    `hold_noise` scalars or length-N arrays; `dvfs` a list of `Dvfs` (None: static clocks).
+    a list of per-SM weights (or None: the clocks); `ema_alpha`, `ema_prior_ns`, `hold_margin`,
+    `hold_noise`, `hold_queue` and `hold_left` scalars or length-N arrays; `dvfs` a list of `Dvfs` (None: static clocks).
     Workloads of one batch need one number of launches.
 
     The rest are static choices. `dvfs_step` compiles the DVFS step in (True) or out (False:
@@ -282,7 +286,7 @@ def simulate_batch(
         ps = _for_each(_unstacked(archs), lambda i, p: checked(p))
     else:
         ps = _keyword_params(archs, kernels, clocks, warp_policy, dispatch, dispatch_start, dispatch_weight,
-                             ema_alpha, ema_prior_ns, hold_margin, hold_noise, dvfs)
+                             ema_alpha, ema_prior_ns, hold_margin, hold_noise, hold_queue, hold_left, dvfs)
     items, shape_list = _prepare_batch(ps)
     shape_set = {dataclass_key(s) for s in shape_list}
     check(len(shape_set) == 1, "batch", sorted(shape_set),
@@ -329,7 +333,7 @@ def _keyword_params(archs: Sequence[Arch], kernels: Sequence[Kernel] | Sequence[
                     clocks: Sequence[Clocks] | None, warp_policy: ArrayLike | None, dispatch: ArrayLike | None,
                     dispatch_start: ArrayLike | None, dispatch_weight: Sequence[ArrayLike | None] | None,
                     ema_alpha: ArrayLike, ema_prior_ns: ArrayLike, hold_margin: ArrayLike, hold_noise: ArrayLike,
-                    dvfs: Sequence[Dvfs | None] | None) -> list[Params]:
+                    hold_queue: ArrayLike, hold_left: ArrayLike, dvfs: Sequence[Dvfs | None] | None) -> list[Params]:
     """The `Params` of `simulate_batch`'s keyword form, one per configuration (`make_params`)."""
     check(all(x is not None for x in (kernels, clocks, warp_policy, dispatch, dispatch_start)),
           "simulate_batch", "missing inputs", "stacked Params, or archs, kernels, clocks, warp_policy, dispatch and "
@@ -345,7 +349,8 @@ def _keyword_params(archs: Sequence[Arch], kernels: Sequence[Kernel] | Sequence[
                    dispatch=policy_indices(_int32s(dispatch, "dispatch", n), DISPATCH_POLICIES, "dispatch"),
                    dispatch_start=_int32s(dispatch_start, "dispatch_start", n, low=0),
                    ema_alpha=_floats(ema_alpha, "ema_alpha", n), ema_prior_ns=_floats(ema_prior_ns, "ema_prior_ns", n),
-                   hold_margin=_floats(hold_margin, "hold_margin", n), hold_noise=_floats(hold_noise, "hold_noise", n))
+                   hold_margin=_floats(hold_margin, "hold_margin", n), hold_noise=_floats(hold_noise, "hold_noise", n),
+                   hold_queue=_floats(hold_queue, "hold_queue", n), hold_left=_floats(hold_left, "hold_left", n))
     return _for_each(list(range(n)), lambda i, _: make_params(
         archs[i], kernels[i], clocks[i], dispatch_weight=weights[i], dvfs=dvfs_list[i],
         **{name: col[i].item() for name, col in columns.items()}))

@@ -15,6 +15,10 @@ serves chips it was not fitted on:
 - `closed_loop_noise`: `closed_loop_tail` with the hold margin's second term, `hold_noise =
   8 sigmoid(n)` times the candidate SM's deviation (the smoothed standard deviation of its CTA
   durations), so that durations that vary by CTA rather than by SM do not cause holds; portable;
+- `closed_loop_score`: the closed loop with its whole hold score fitted (docs/model.md section
+  9), `ema_alpha = sigmoid(a)`, `hold_margin = sigmoid(m)` (the weight of the candidate's
+  estimate), `hold_queue = sigmoid(q)` (of each later CTA a better slot would finish first: the
+  SMs' queues) and `hold_left = 4 sigmoid(l)` (of the CTAs left in the grid), prior 0; portable;
 - `closed_loop_per_sm` (a proposal; the engine takes one prior for every SM): the prior of SM
   `s` is `exp(b) d (mean f / f_s)^gamma`, a static frequency-aware estimate that the tail hold
   can use before any CTA has completed;
@@ -43,18 +47,20 @@ from jaxtyping import Array, Float, Int
 from ..arch import Arch
 from ..clocks import per_slot
 from ..errors import check
-from ..policies import DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE, MAX_HOLD_NOISE
+from ..policies import (DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_LEFT, DEFAULT_HOLD_MARGIN,
+                        DEFAULT_HOLD_NOISE, DEFAULT_HOLD_QUEUE, MAX_HOLD_LEFT, MAX_HOLD_NOISE, MAX_HOLD_QUEUE)
 from .launch import DispatchParams, SurrogateLaunch
 from .relax import schedule
 
-FAMILIES = ("weighted", "closed_loop", "closed_loop_tail", "closed_loop_noise", "closed_loop_per_sm",
-            "clock_regression")
+FAMILIES = ("weighted", "closed_loop", "closed_loop_tail", "closed_loop_noise", "closed_loop_score",
+            "closed_loop_per_sm", "clock_regression")
 # engine inputs that depend on neither the chip nor the kernel
-PORTABLE_FAMILIES = ("closed_loop_tail", "closed_loop_noise", "clock_regression")
+PORTABLE_FAMILIES = ("closed_loop_tail", "closed_loop_noise", "closed_loop_score", "clock_regression")
 # families of policies the surrogate does not model: `method = "engine"` only
 ENGINE_ONLY_FAMILIES = ("clock_regression",)
 ENGINE_POLICY = {"weighted": "weighted", "closed_loop": "closed_loop", "closed_loop_tail": "closed_loop",
-                 "closed_loop_noise": "closed_loop", "closed_loop_per_sm": "closed_loop",
+                 "closed_loop_noise": "closed_loop", "closed_loop_score": "closed_loop",
+                 "closed_loop_per_sm": "closed_loop",
                  "clock_regression": "clock_regression"}
 WEIGHT_SCALE = 1000.0  # engine weight of an SM at the mean clock
 GRADIENT_CLIP = 1.0  # per gradient entry and step (the loss is a makespan ratio: O(1))
@@ -72,6 +78,9 @@ _INITIAL = {
     # from one deviation (the default, 0, is a logit of minus infinity)
     "closed_loop_noise": {"alpha_logit": logit(DEFAULT_EMA_ALPHA), "margin_logit": logit(DEFAULT_HOLD_MARGIN),
                           "noise_logit": logit(1.0 / MAX_HOLD_NOISE)},
+    # from the tail family's rule (hold_left = 1) with a quarter of each queued CTA counted
+    "closed_loop_score": {"alpha_logit": logit(DEFAULT_EMA_ALPHA), "margin_logit": logit(DEFAULT_HOLD_MARGIN),
+                          "queue_logit": logit(0.25 / MAX_HOLD_QUEUE), "left_logit": logit(1.0 / MAX_HOLD_LEFT)},
     "closed_loop_per_sm": {"alpha_logit": logit(DEFAULT_EMA_ALPHA), "log_prior": 0.0, "gamma": 1.0},
     "clock_regression": {"margin_logit": logit(DEFAULT_HOLD_MARGIN)},
 }
@@ -116,20 +125,30 @@ def params_for(family: str, theta: dict[str, Array], launch: SurrogateLaunch) ->
           f"{ENGINE_ONLY_FAMILIES})")
     log_speed = _log_speed(launch)
     ones = jnp.ones_like(launch.sm_freq_mhz)
-    margin, noise = jnp.float32(DEFAULT_HOLD_MARGIN), jnp.float32(DEFAULT_HOLD_NOISE)
+    hold = {k: jnp.asarray(v, jnp.float32) for k, v in _hold_weights(theta, jax.nn.sigmoid).items()}
     if family == "weighted":
         return DispatchParams(weight=jnp.exp(theta["gamma"] * log_speed), ema_alpha=jnp.float32(DEFAULT_EMA_ALPHA),
-                              ema_prior_ns=DEFAULT_EMA_PRIOR_NS * ones, hold_margin=margin, hold_noise=noise)
+                              ema_prior_ns=DEFAULT_EMA_PRIOR_NS * ones, **hold)
     alpha = jax.nn.sigmoid(theta["alpha_logit"])
     if family in PORTABLE_FAMILIES:
-        if family == "closed_loop_noise":
-            noise = MAX_HOLD_NOISE * jax.nn.sigmoid(theta["noise_logit"])
-        return DispatchParams(weight=ones, ema_alpha=alpha, ema_prior_ns=DEFAULT_EMA_PRIOR_NS * ones,
-                              hold_margin=jax.nn.sigmoid(theta["margin_logit"]), hold_noise=noise)
+        return DispatchParams(weight=ones, ema_alpha=alpha, ema_prior_ns=DEFAULT_EMA_PRIOR_NS * ones, **hold)
     d = mean_occupancy_ns(launch)
     tilt = theta["gamma"] * log_speed if family == "closed_loop_per_sm" else 0.0
     return DispatchParams(weight=ones, ema_alpha=alpha, ema_prior_ns=jnp.exp(theta["log_prior"] - tilt) * d * ones,
-                          hold_margin=margin, hold_noise=noise)
+                          **hold)
+
+
+def _hold_weights(theta: dict, sigmoid) -> dict:
+    """The tail hold's weights of `theta` (`sigmoid`: `jax.nn.sigmoid`, or `_sigmoid` for
+    numbers): those it fits, from its logits; the engine's defaults for the others."""
+    weights = {"hold_margin": DEFAULT_HOLD_MARGIN, "hold_noise": DEFAULT_HOLD_NOISE, "hold_queue": DEFAULT_HOLD_QUEUE,
+               "hold_left": DEFAULT_HOLD_LEFT}
+    for name, logit_name, top in (("hold_margin", "margin_logit", 1.0), ("hold_noise", "noise_logit", MAX_HOLD_NOISE),
+                                  ("hold_queue", "queue_logit", MAX_HOLD_QUEUE),
+                                  ("hold_left", "left_logit", MAX_HOLD_LEFT)):
+        if logit_name in theta:
+            weights[name] = top * sigmoid(theta[logit_name])
+    return weights
 
 
 def engine_inputs(family: str, theta: dict[str, float], arch: Arch, sm_freq_mhz: np.ndarray,
@@ -157,11 +176,20 @@ def portable_inputs(family: str, theta: dict[str, float]) -> dict:
     """The engine inputs of a family in `PORTABLE_FAMILIES`, the same on every chip and kernel
     (what `jaxsched.fitted_policy` writes)."""
     check(family in PORTABLE_FAMILIES, "family", family, f"one of {PORTABLE_FAMILIES}")
+    hold = _hold_weights(theta, _sigmoid)
     if family == "clock_regression":
-        return {"dispatch": "clock_regression", "hold_margin": _sigmoid(theta["margin_logit"])}
-    noise = MAX_HOLD_NOISE * _sigmoid(theta["noise_logit"]) if family == "closed_loop_noise" else DEFAULT_HOLD_NOISE
+        return {"dispatch": "clock_regression", "hold_margin": hold["hold_margin"]}
     return {"dispatch": "closed_loop", "ema_alpha": _sigmoid(theta["alpha_logit"]),
-            "ema_prior_ns": DEFAULT_EMA_PRIOR_NS, "hold_margin": _sigmoid(theta["margin_logit"]), "hold_noise": noise}
+            "ema_prior_ns": DEFAULT_EMA_PRIOR_NS, **hold}
+
+
+def theta_of(family: str, inputs: dict[str, float]) -> dict[str, float]:
+    """The `theta` of a portable family whose engine inputs are `inputs` (`portable_inputs`'
+    inverse, for the weights the family fits)."""
+    tops = {"alpha_logit": ("ema_alpha", 1.0), "margin_logit": ("hold_margin", 1.0),
+            "noise_logit": ("hold_noise", MAX_HOLD_NOISE), "queue_logit": ("hold_queue", MAX_HOLD_QUEUE),
+            "left_logit": ("hold_left", MAX_HOLD_LEFT)}
+    return {k: logit(inputs[tops[k][0]] / tops[k][1]) for k in initial_theta(family)}
 
 
 def _sigmoid(x: float) -> float:

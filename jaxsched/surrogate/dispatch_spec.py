@@ -52,8 +52,8 @@ from ..errors import INT32_MAX, check
 from ..issue_bound import IssueDemand, issue_demand, issue_ns
 from ..kernel import Kernel, kernel_from_dict
 from ..lower import DISPATCH_POLICIES, WARP_POLICIES
-from ..policies import (DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE,
-                        DEFAULT_WARP_POLICY, FITTED_DISPATCH, MAX_HOLD_NOISE)
+from ..policies import (DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_LEFT, DEFAULT_HOLD_MARGIN,
+                        DEFAULT_HOLD_NOISE, DEFAULT_HOLD_QUEUE, DEFAULT_WARP_POLICY, FITTED_DISPATCH)
 from ..sweep import MAX_SEED, clock_map
 from . import dispatch_fit as df
 from .launch import (
@@ -86,13 +86,21 @@ ENGINE_GRID = {"closed_loop_tail": {"ema_alpha": (1 / 16, 1 / 8, 1 / 4, 1 / 2),
                "closed_loop_noise": {"ema_alpha": (1 / 16, 1 / 8, 1 / 4),
                                      "hold_margin": (1 / 32, 1 / 16, 1 / 8, 3 / 16),
                                      "hold_noise": (1 / 4, 1 / 2, 1, 2)},
+               # the hold score's queue weight from 1/4 (0 is the tail family) and CTAs-left weight
+               "closed_loop_score": {"ema_alpha": (1 / 8, 1 / 4), "hold_margin": (1 / 32, 1 / 16, 1 / 8),
+                                     "hold_queue": (1 / 4, 1 / 2, 1), "hold_left": (1 / 2, 1, 2)},
                "clock_regression": {"hold_margin": (1 / 256, 1 / 32, 1 / 16, 3 / 32, 1 / 8, 3 / 16, 1 / 4,
                                                     255 / 256)}}
 _KERNEL_KEYS = ("file", "name", "program", "grid", "threads", "regs", "smem_bytes", "static_smem_bytes",
                 "l2_hit_rate", "seed")
 TEST_SEED_OFFSET = 500_000
 # closed_loop_per_sm needs per-SM priors
-ENGINE_FAMILIES = ("weighted", "closed_loop", "closed_loop_tail", "closed_loop_noise", "clock_regression")
+ENGINE_FAMILIES = ("weighted", "closed_loop", "closed_loop_tail", "closed_loop_noise", "closed_loop_score",
+                   "clock_regression")
+# What `simulate_batch` takes per configuration of the dispatch policies' numbers, and its defaults.
+_DISPATCH_NUMBERS = {"ema_alpha": DEFAULT_EMA_ALPHA, "ema_prior_ns": DEFAULT_EMA_PRIOR_NS,
+                     "hold_margin": DEFAULT_HOLD_MARGIN, "hold_noise": DEFAULT_HOLD_NOISE,
+                     "hold_queue": DEFAULT_HOLD_QUEUE, "hold_left": DEFAULT_HOLD_LEFT}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -340,10 +348,7 @@ def evaluate(spec: DispatchSpec, prep: Prepared, fits: dict[str, df.FitResult], 
             [spec.arch] * n, [kernel] * n, [c for c, _ in configs], [wp] * n,
             [DISPATCH_POLICIES.index(kw["dispatch"]) for _, kw in configs], [0] * n,
             dispatch_weight=[kw.get("dispatch_weight") for _, kw in configs],
-            ema_alpha=np.asarray([kw.get("ema_alpha", DEFAULT_EMA_ALPHA) for _, kw in configs]),
-            ema_prior_ns=np.asarray([kw.get("ema_prior_ns", DEFAULT_EMA_PRIOR_NS) for _, kw in configs]),
-            hold_margin=np.asarray([kw.get("hold_margin", DEFAULT_HOLD_MARGIN) for _, kw in configs]),
-            hold_noise=np.asarray([kw.get("hold_noise", DEFAULT_HOLD_NOISE) for _, kw in configs]))
+            **{k: np.asarray([kw.get(k, v) for _, kw in configs]) for k, v in _DISPATCH_NUMBERS.items()})
         for (mi, pi), value in zip(kwargs, np.asarray(result.makespan_ns)):
             if pi < 0:
                 uniform_eq[ki, mi] = value
@@ -444,10 +449,8 @@ def engine_search(spec: DispatchSpec, prep: Prepared, prob: df.Problem, family: 
         n = (n_c + 1) * n_m  # the candidates, map-minor, then hardware dispatch on every map
         result = simulate_batch([spec.arch] * n, [kernel] * n, list(prep.train_clocks) * (n_c + 1), [wp] * n,
                                 policy, [0] * n,
-                                ema_alpha=with_hardware([c.get("ema_alpha", DEFAULT_EMA_ALPHA) for c in candidates]),
-                                ema_prior_ns=DEFAULT_EMA_PRIOR_NS,
-                                hold_margin=with_hardware([c["hold_margin"] for c in candidates]),
-                                hold_noise=with_hardware([c.get("hold_noise", DEFAULT_HOLD_NOISE) for c in candidates]))
+                                **{k: with_hardware([c.get(k, v) for c in candidates])
+                                   for k, v in _DISPATCH_NUMBERS.items()})
         ns = np.asarray(result.makespan_ns, np.float64).reshape(n_c + 1, n_m)
         makespan[:, :, ki], hardware[:, ki] = ns[:n_c], ns[n_c]
     loss = engine_loss(spec, prep, prob, makespan, hardware)
@@ -456,11 +459,7 @@ def engine_search(spec: DispatchSpec, prep: Prepared, prob: df.Problem, family: 
         uniform = [i for i in range(n_m) if spec.map_sigma(i) == 0]
         slower = (makespan[:, uniform] / hardware[uniform] - 1.0).max(axis=(1, 2))
     best = candidates[best_admitted(loss, slower, tol, family)]
-    theta = {"margin_logit": df.logit(best["hold_margin"])}
-    if "ema_alpha" in best:
-        theta["alpha_logit"] = df.logit(best["ema_alpha"])
-    if "hold_noise" in best:
-        theta["noise_logit"] = df.logit(best["hold_noise"] / MAX_HOLD_NOISE)
+    theta = df.theta_of(family, best)
     return df.FitResult(family=family, theta={k: np.asarray([v], np.float64) for k, v in theta.items()},
                         loss=loss[:, None])
 

@@ -27,8 +27,8 @@ from ..engine.run import Result, simulate_batch
 from ..errors import check
 from ..kernel import Kernel
 from ..lower import DISPATCH_POLICIES, WARP_POLICIES, lower, policy_index
-from ..policies import (DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_MARGIN,
-                        DEFAULT_HOLD_NOISE, DEFAULT_WARP_POLICY)
+from ..policies import (DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_LEFT,
+                        DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE, DEFAULT_HOLD_QUEUE, DEFAULT_WARP_POLICY)
 from ..occupancy import occupancy
 
 WORK_CLOCKS = (1.0, 0.7)  # the two uniform clocks of `measure_work`, as fractions of boost
@@ -50,13 +50,16 @@ class DispatchParams(eqx.Module):
     (only ratios matter); `closed_loop` smooths with `ema_alpha` from `ema_prior_ns`, which may
     differ per SM (the engine takes one value for every SM), and holds a CTA in the tail for a
     slot expected to finish it earlier by `hold_margin` times its estimate plus `hold_noise` times
-    its deviation."""
+    its deviation, where the better slots, each counting 1 plus `hold_queue` per later CTA it
+    would finish first, reach `hold_left` times the CTAs left."""
 
     weight: Float[Array, "*b sm"]
     ema_alpha: Float[Array, "*b"]
     ema_prior_ns: Float[Array, "*b sm"]
     hold_margin: Float[Array, "*b"]
     hold_noise: Float[Array, "*b"]
+    hold_queue: Float[Array, "*b"]
+    hold_left: Float[Array, "*b"]
 
 
 def uniform_runs(arch: Arch, kernel: Kernel, warp_policy: str = DEFAULT_WARP_POLICY,
@@ -165,7 +168,8 @@ def dispatch_params(arch: Arch, sm_freq_mhz: ArrayLike, dispatch_weight: ArrayLi
                     ema_alpha: float = DEFAULT_EMA_ALPHA,
                     ema_prior_ns: ArrayLike = DEFAULT_EMA_PRIOR_NS,
                     hold_margin: float = DEFAULT_HOLD_MARGIN,
-                    hold_noise: float = DEFAULT_HOLD_NOISE) -> DispatchParams:
+                    hold_noise: float = DEFAULT_HOLD_NOISE, hold_queue: float = DEFAULT_HOLD_QUEUE,
+                    hold_left: float = DEFAULT_HOLD_LEFT) -> DispatchParams:
     """The engine's dispatch inputs as surrogate parameters (weights default to the clocks; per-SM
     arrays per SM slot or per enabled SM)."""
     f = clocks_mod.per_slot(arch, np.asarray(sm_freq_mhz, np.float32), "sm_freq_mhz")
@@ -178,4 +182,6 @@ def dispatch_params(arch: Arch, sm_freq_mhz: ArrayLike, dispatch_weight: ArrayLi
         ema_prior_ns=jnp.broadcast_to(jnp.asarray(ema_prior_ns, jnp.float32), f.shape),
         hold_margin=jnp.asarray(hold_margin, jnp.float32),
         hold_noise=jnp.asarray(hold_noise, jnp.float32),
+        hold_queue=jnp.asarray(hold_queue, jnp.float32),
+        hold_left=jnp.asarray(hold_left, jnp.float32),
     )

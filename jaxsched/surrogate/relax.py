@@ -17,16 +17,18 @@ constant in the dispatch parameters. The surrogate keeps the engine's structure 
   kept hard: it has no parameter), `weighted` (`weight / (resident + 1)`), `closed_loop` (per
   SM, the first observed slot occupancy, then an EMA of the later ones in order of completion,
   and the same EMA of their squares, whose variance gives the deviation; censored by the oldest running CTA,
-  earliest expected finish, and the tail *hold*: when the CTAs left are no more than the
-  occupied slots, and free slots still in their launch latency, expected to finish a CTA
-  clearly earlier, by a share of the candidate's estimate and a multiple of its deviation, the
-  CTA waits for the first of them).
+  earliest expected finish, and the tail *hold*: occupied slots, and free slots still in their
+  launch latency, expected to finish a CTA clearly earlier than the candidate (by a share of
+  its estimate and a multiple of its deviation) are better; each counts 1, plus `hold_queue`
+  for each later CTA it would also finish first (up to `HOLD_QUEUE_CTAS` in all); where that
+  score reaches `hold_left` times the CTAs left, the CTA waits for the first of them).
 
 Relaxation at temperature `T` (dimensionless; scores are in slots, log-weights or CTA
 occupancies `d`, the mean occupancy at the mean clock):
 - **Decisions are soft.** The SM is `softmax(score / T)` over the SMs with a free slot. The
   closed-loop hold compares expected finishes: an occupied slot counts as "better" with weight
-  `sigmoid(margin / (T d))`, the CTA holds with probability `sigmoid((better - left + 1/2) / T)`,
+  `sigmoid(margin / (T d))` (each later CTA it would finish likewise), the CTA holds with
+  probability `sigmoid((score + 1/512) / T)`,
   and the slot it waits for is a softmin of free times at `T d`. A CTA spread over several slots
   updates each in proportion (mean field): free times, start times and EMA estimates become
   expectations; the work placed is conserved. Choices below `DUST` (1 %) of the likeliest one are
@@ -58,6 +60,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
 from ..errors import check
+from ..policies import HOLD_QUEUE_CTAS
 from .launch import DispatchParams, SurrogateLaunch
 
 MODES = ("soft", "hard", "straight_through")
@@ -258,11 +261,19 @@ def _step(state: _State, cta, *, launch: SurrogateLaunch, params: DispatchParams
         # slots expected to finish a CTA: occupied ones after their occupant, free ones still in
         # their launch latency (`launching`) from when they become usable (docs/model.md 9)
         launching = usable * state.used * relax.gate(t - state.end_ns) * (1.0 - relax.gate(t - a))
-        finish = jnp.where(launching > 0, a, jnp.maximum(t, state.start_ns + est[:, None])) + est[:, None]
-        # strictly earlier: finish + margin < t + e (the 1e-3 ns keeps exact equality out)
-        better = (occupied + launching) * relax.step(t + e_cand - margin - finish - 1e-3, relax.tau_time)
+        free_at = jnp.where(launching > 0, a, jnp.maximum(t, state.start_ns + est[:, None]))
+        # the k-th CTA a slot would finish, strictly earlier than the candidate by the margin:
+        # free_at + k e + margin < t + e_cand (the 1e-3 ns keeps exact equality out)
+        k = jnp.arange(1, HOLD_QUEUE_CTAS + 1, dtype=f.dtype)
+        finish = free_at[:, :, None] + k * est[:, None, None]  # [sm, slot, k]
+        done = (occupied + launching)[:, :, None] * relax.step(t + e_cand - margin - finish - 1e-3, relax.tau_time)
+        better = done[:, :, 0]
         n_better = jnp.sum(better)
-        hold = valid * jnp.minimum(n_better, 1.0) * relax.step(n_better - left + 0.5, relax.tau_score)
+        # the hold's score (docs/model.md 9): 1 per better slot, hold_queue per later CTA it
+        # finishes first, against hold_left per CTA left; >= 0 holds (the engine's integers
+        # are multiples of 1/256, so half of that decides exact equality)
+        score = n_better + params.hold_queue * jnp.sum(done[:, :, 1:]) - params.hold_left * left
+        hold = valid * jnp.minimum(n_better, 1.0) * relax.step(score + 0.5 / 256, relax.tau_score)
         r = relax.choose(t - a, better, relax.tau_time)
     else:
         hold, r = jnp.zeros((), f.dtype), jnp.zeros_like(a)

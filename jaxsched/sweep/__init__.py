@@ -16,7 +16,7 @@ Spec (see `sweeps/demo.toml`, `sweeps/random_design.toml`):
     [clocks]  model = "gaussian", mean_ghz = 1.9, sigma = 0.05   # per-SM clock map, see `clock_map`
     [policy]  warp = "gto", dispatch = "hardware", dispatch_start = 0,
               weights = "clocks", ema_alpha = 0.25, ema_prior_ns = 0.0, hold_margin = 0.125,
-              hold_noise = 0.0
+              hold_noise = 0.0, hold_queue = 0.0, hold_left = 1.0
     [grid]    "policy.warp" = ["lrr", "gto"], "clocks.sigma" = [0.0, 0.1], "kernel.regs" = [...]
     [workload] launches = 16, streams = 1, mode = "stream"    # optional: N launches of the kernel
     [design]  kind = "lhs", samples = 200, seed = 1          # optional; see `sweep_design`
@@ -25,9 +25,10 @@ Spec (see `sweeps/demo.toml`, `sweeps/random_design.toml`):
     [design.choices]  "kernel.threads" = [128, 256, 512]
 
 Swept paths (`sweep_paths`): `policy.{warp, dispatch, dispatch_start, weights, ema_alpha,
-ema_prior_ns, hold_margin, hold_noise}` (`weights`: the `weighted` policy's per-SM weights,
-"clocks" = each SM's clock in MHz or "uniform"; `ema_alpha` in [0, 1], `ema_prior_ns` in
-[0, 1e8], `hold_margin` in [0, 1] and `hold_noise` in [0, 8] drive `closed_loop`),
+ema_prior_ns, hold_margin, hold_noise, hold_queue, hold_left}` (`weights`: the `weighted` policy's
+per-SM weights, "clocks" = each SM's clock in MHz or "uniform"; `ema_alpha` in [0, 1],
+`ema_prior_ns` in [0, 1e8], `hold_margin` in [0, 1], `hold_noise` in [0, 8], `hold_queue` in
+[0, 1] and `hold_left` in [0, 4] drive `closed_loop`),
 `clocks.{model, mean_ghz, sigma, sigma_die, corr_length_mm, ir_drop}`,
 `kernel.{grid, threads, regs, smem_bytes, static_smem_bytes, trips, cta_spread, warp_spread,
 if_probability, l2_hit_rate, seed, threads_fixed_work}` (or the `Kernel` field names) and

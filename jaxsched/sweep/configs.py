@@ -51,6 +51,7 @@ def engine_config(sweep: Sweep, point: Point, index: tuple[int, ...], replicate:
                          dispatch_start=policy["dispatch_start"], dispatch_weight=weight,
                          ema_alpha=policy["ema_alpha"], ema_prior_ns=policy["ema_prior_ns"],
                          hold_margin=policy["hold_margin"], hold_noise=policy["hold_noise"],
+                         hold_queue=policy["hold_queue"], hold_left=policy["hold_left"],
                          dvfs=dvfs_params(arch, point["dvfs"], seed))
     return Config(index=tuple(index), replicate=replicate, params=params)
 

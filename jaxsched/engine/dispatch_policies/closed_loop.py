@@ -3,7 +3,8 @@ completed, the first one's duration then an EMA, and the same EMA of squared dur
 censored by its oldest running CTA (`estimates`); the SM with the smallest estimate, then the
 most usable free slots, then the lowest rank [S1]. In the tail it holds the CTA back where the
 launch's CTAs left fit in clearly better slots (`hold`), by a margin of the candidate's estimate
-and deviation. Its learning and its hold are compiled in only where a configuration dispatches
+and deviation, each better slot counting 1 plus `hold_queue` per later CTA it is expected to
+finish first, against `hold_left` times the CTAs left. Its learning and its hold are compiled in only where a configuration dispatches
 by it (its twin's `READS_ESTIMATES`)."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Bool, Int
 
 from ...lower import Launch
+from ...policies import HOLD_QUEUE_CTAS
 from ..state import INF, Dispatch, State
 from . import View
 
@@ -105,16 +107,24 @@ def hold(slots: Slots, launch: Launch, launching_tick: Int[Array, "cta sm"], est
     expected to finish them earlier than `sm` would, by the hold margin (a share of `sm`'s
     estimate plus a multiple of its deviation `dev`, `estimates`): occupied slots (of
     any launch), and free slots still launching (`launching_tick`, INF elsewhere) (sections 9
-    and 13)."""
+    and 13). A slot free from `a_j` (its occupant's expected end, or when it becomes usable) with
+    estimate `e_j` finishes `n_j` CTAs with the margin to spare, the `k <= HOLD_QUEUE_CTAS` with
+    `a_j + k e_j + margin < target`; it is better where `n_j >= 1`, and the CTA is held where
+    one is and `256 better + hold_queue_256 sum (n_j - 1) >= hold_left_256 left`."""
     now = tick.astype(jnp.int64)
     target = now + est[sm]
-    occupied_finish = jnp.maximum(now, slots.start.astype(jnp.int64) + est) + est
-    launching_finish = launching_tick.astype(jnp.int64) + est
     occupied = (slots.cta_id >= 0) & launch.chip.sm_enabled
     launching = (slots.cta_id < 0) & (launching_tick < INF)
-    finish = jnp.where(occupied, occupied_finish, launching_finish)
+    free = jnp.where(occupied, jnp.maximum(now, slots.start.astype(jnp.int64) + est), launching_tick.astype(jnp.int64))
     policy = launch.policy
     margin = (est[sm] * policy.hold_margin_256.astype(jnp.int64)  # est >= 0: floors
               + dev[sm] * policy.hold_noise_256.astype(jnp.int64)) // 256
-    better = (occupied | launching) & (finish + margin < target)
-    return left.astype(jnp.int64) <= jnp.sum(better, dtype=jnp.int64)
+    gap = target - margin - free - 1
+    est_j = jnp.broadcast_to(est, gap.shape)
+    n = jnp.where(est_j > 0, jnp.clip(gap // jnp.maximum(est_j, 1), 0, HOLD_QUEUE_CTAS),
+                  jnp.where(gap >= 0, HOLD_QUEUE_CTAS, 0))
+    n = jnp.where(occupied | launching, n, 0)
+    better = jnp.sum(n >= 1, dtype=jnp.int64)
+    later = jnp.sum(jnp.maximum(n - 1, 0), dtype=jnp.int64)
+    score = 256 * better + policy.hold_queue_256.astype(jnp.int64) * later
+    return (better >= 1) & (score >= policy.hold_left_256.astype(jnp.int64) * left.astype(jnp.int64))
