@@ -13,8 +13,9 @@ from .launch import (
            dispatch_params,
            make_launch,
            measure_work,
+           replay_launch,
 )
 from .relax import MODES, Schedule, schedule
 
 __all__ = ["MODES", "DispatchParams", "Schedule", "SurrogateLaunch", "dispatch_params", "make_launch",
-           "measure_work", "schedule"]
+           "measure_work", "replay_launch", "schedule"]

@@ -164,6 +164,30 @@ def make_launch(arch: Arch, kernel: Kernel, sm_freq_mhz: ArrayLike, work: Work,
     )
 
 
+def replay_launch(arch: Arch, kernel: Kernel, sm_freq_mhz: ArrayLike, result: Result) -> SurrogateLaunch:
+    """The launch of `result`, a run of `kernel` on `arch` at `sm_freq_mhz` (one configuration,
+    no DVFS), with each CTA's work its own slot occupancy in that run (ns, on whatever SM takes
+    it) and the launch latency in the run's whole ticks, in float64 (under `jax.enable_x64`):
+    a replay. Its hard schedule under the run's policy makes the engine's decisions wherever the
+    surrogate's rules are the engine's, so that the surrogate's error against the engine splits
+    into its policy's and its work model's (docs/surrogate.md 2.1). The architecture needs the
+    launch credit off (`cta_launch_idle_cycles = 0`): a refill's wait for it is no CTA's work."""
+    check(int(arch.cta_launch_idle_cycles) == 0, "arch.cta_launch_idle_cycles", int(arch.cta_launch_idle_cycles),
+          "0 for a replay (a refill's wait for launch credit is no CTA's work)")
+    check(np.asarray(result.makespan_ticks).ndim == 0, "result", f"a batch {np.shape(result.makespan_ticks)}",
+          "one configuration's result")
+    tick_ns = 1000.0 / float(result.tick_mhz)
+    ticks = np.asarray(result.cta_end_tick, np.float64) - np.asarray(result.cta_start_tick, np.float64)
+    valid = np.asarray(result.cta_sm) >= 0
+    work = Work(cycles=jnp.zeros(ticks.shape, jnp.float64), ns=jnp.asarray(np.where(valid, ticks * tick_ns, 0.0)),
+                valid=jnp.asarray(valid), slots_per_sm=int(occupancy(arch, kernel.threads_per_cta,
+                kernel.regs_per_thread, kernel.dynamic_smem_bytes, kernel.static_smem_bytes).blocks_per_sm))
+    launch = make_launch(arch, kernel, sm_freq_mhz, work)
+    launch_ticks = round(float(arch.cta_launch_ns) * float(result.tick_mhz) / 1000.0)  # as the lowering rounds
+    as_f64 = lambda x: jnp.asarray(x, jnp.float64) if jnp.issubdtype(x.dtype, jnp.floating) else x  # noqa: E731
+    return dataclasses.replace(jax.tree.map(as_f64, launch), cta_launch_ns=jnp.float64(launch_ticks * tick_ns))
+
+
 def dispatch_params(arch: Arch, sm_freq_mhz: ArrayLike, dispatch_weight: ArrayLike | None = None,
                     ema_alpha: float = DEFAULT_EMA_ALPHA,
                     ema_prior_ns: ArrayLike = DEFAULT_EMA_PRIOR_NS,
