@@ -96,8 +96,8 @@ class Problem(NamedTuple):
 
 class FitResult(NamedTuple):
     family: str
-    theta: dict[str, np.ndarray]  # each [group]
-    loss: np.ndarray  # [step, group]: mean makespan / fluid bound
+    theta: dict[str, np.ndarray]  # each [group]: the iterate of lowest loss
+    loss: np.ndarray  # [step, group]: mean makespan / fluid bound of each iterate, the last one's too
 
 
 def initial_theta(family: str, n_groups: int = 1) -> dict[str, Array]:
@@ -215,9 +215,13 @@ def losses(theta: dict[str, Array], problem: Problem, temperature: Float[Array, 
 
 
 def fit(problem: Problem, family: str, *, steps: int, learning_rate: float, temperature: float,
-        max_slots: int, per_chip: bool = False, progress=None) -> FitResult:
-    """Adam on `theta` (shared, or one per chip with `per_chip`); returns the loss curve."""
+        max_slots: int, per_chip: bool = False, mode: str = "soft", progress=None) -> FitResult:
+    """Adam on `theta` (shared, or one per chip with `per_chip`); returns the loss curve. `mode`
+    "soft" descends the soft makespan; "straight_through" the hard one (the `T -> 0` limit) along
+    the soft one's gradient, so that the loss curve, and the choice of the best iterate, are the
+    hard model's."""
     check(steps >= 1, "fit.steps", steps, ">= 1")
+    check(mode in ("soft", "straight_through"), "fit.mode", mode, "soft or straight_through")
     check(learning_rate > 0, "fit.learning_rate", learning_rate, "> 0")
     check(temperature > 0, "fit.temperature", temperature, "> 0 (the soft surrogate)")
     n_groups = int(np.max(np.asarray(problem.group))) + 1 if per_chip else 1
@@ -232,7 +236,7 @@ def fit(problem: Problem, family: str, *, steps: int, learning_rate: float, temp
     state = opt.init(theta)
     temp = jnp.float32(temperature)
     loss_fn = functools.partial(losses, problem=problem, temperature=temp, family=family,
-                                max_slots=max_slots, n_groups=n_groups)
+                                max_slots=max_slots, n_groups=n_groups, mode=mode)
 
     def total(th):
         per_group = loss_fn(th)
@@ -245,10 +249,19 @@ def fit(problem: Problem, family: str, *, steps: int, learning_rate: float, temp
         updates, state = opt.update(grad, state, theta)
         return optax.apply_updates(theta, updates), state, per_group
 
-    curve = []
+    curve, iterates = [], []
     for i in range(steps):
+        iterates.append({k: np.asarray(v) for k, v in theta.items()})
         theta, state, value = step(theta, state)
         curve.append(np.asarray(value))
         if progress is not None:
             progress(i + 1, steps, float(np.mean(curve[-1])))
-    return FitResult(family=family, theta={k: np.asarray(v) for k, v in theta.items()}, loss=np.stack(curve))
+    iterates.append({k: np.asarray(v) for k, v in theta.items()})
+    curve.append(np.asarray(jax.jit(loss_fn)(theta)))
+    # Each group keeps its iterate of lowest loss: the pathwise gradient of a soft makespan through
+    # thousands of placements can lead uphill (docs/surrogate.md 4), and Adam does not know it.
+    loss = np.stack(curve)
+    best = np.argmin(loss, axis=0)  # [group]
+    groups = np.arange(loss.shape[1])
+    return FitResult(family=family, theta={k: np.stack([it[k] for it in iterates])[best, groups] for k in theta},
+                     loss=loss)

@@ -21,6 +21,8 @@ Spec (TOML; see `sweeps/fit_dispatch.toml` and docs/surrogate.md):
     steps = 40
     learning_rate = 0.1
     temperature = 0.05             # the soft surrogate's temperature (docs/surrogate.md)
+    mode = "soft"                  # or "straight_through": descend the hard surrogate's makespan
+                                   # along the soft one's gradient (dispatch_fit.fit)
     per_chip = false               # true: one theta per training chip (evaluated on that chip)
     method = "surrogate"           # or "engine": the best of ENGINE_GRID in the exact engine
     uniform_tolerance = 0.005      # "engine" only, optional: admit only candidates at most this
@@ -68,7 +70,8 @@ from .relax import schedule
 _TOP = ("title", "arch", "warp_policy", "seed", "families", "kernels", "clocks", "fit")
 _CLOCKS = {"model": "gaussian", "mean_ghz": 1.8, "sigma": 0.1, "sigma_die": 0.0, "corr_length_mm": None,
            "ir_drop": False, "train_maps": 8, "test_maps": 8}
-_FIT = {"steps": 40, "learning_rate": 0.1, "temperature": 0.05, "per_chip": False, "method": "surrogate",
+_FIT = {"steps": 40, "learning_rate": 0.1, "temperature": 0.05, "mode": "soft", "per_chip": False,
+        "method": "surrogate",
         "uniform_tolerance": None, "objective": "fluid"}
 # How `theta` is fitted: Adam through the soft surrogate, or the best of `ENGINE_GRID` in the exact
 # engine on the training chips (families in `ENGINE_GRID` only, one theta for every chip).
@@ -196,6 +199,8 @@ def loads(text: str, base_dir: Path = Path("."), source: str = "<spec>") -> Disp
     seed = doc.get("seed", 0)
     check(_is_int(seed) and 0 <= seed <= MAX_SEED, f"{source}: seed", seed, f"an integer in 0 .. {MAX_SEED}")
     check(isinstance(fit["per_chip"], bool), f"{source}: fit.per_chip", fit["per_chip"], "true or false")
+    check(fit["mode"] in ("soft", "straight_through"), f"{source}: fit.mode", fit["mode"],
+          "soft or straight_through")
     check(fit["method"] in METHODS, f"{source}: fit.method", fit["method"], f"one of {METHODS}")
     if fit["method"] == "engine":
         for fam in families:
@@ -392,7 +397,7 @@ def fit_dataset(spec: DispatchSpec, fits: dict[str, df.FitResult], evaluation: x
             data[f"{fam}_{name}"] = ("chip", np.pad(value, (0, n_groups - len(value)), constant_values=np.nan),
                                      {"long_name": f"learned {name} of the {fam} family"})
     if spec.fit["method"] != "engine":
-        what = "mean surrogate makespan / fluid bound (soft)"
+        what = f"mean surrogate makespan / fluid bound ({'hard' if spec.fit['mode'] == 'straight_through' else 'soft'})"
     elif spec.fit["objective"] == "fluid":
         what = "mean exact-engine makespan / fluid bound of each candidate (step: candidate)"
     else:
@@ -402,7 +407,8 @@ def fit_dataset(spec: DispatchSpec, fits: dict[str, df.FitResult], evaluation: x
     ds = xr.Dataset(data, coords={"family": list(fits), "step": np.arange(steps), "chip": np.arange(n_groups)})
     out = xr.merge([ds, evaluation])
     out.attrs = {"title": spec.title, "arch": spec.arch.name, "warp_policy": spec.warp_policy,
-                 "temperature": float(spec.fit["temperature"]), "steps": int(spec.fit["steps"]),
+                 "temperature": float(spec.fit["temperature"]), "mode": spec.fit["mode"],
+                 "steps": int(spec.fit["steps"]),
                  "learning_rate": float(spec.fit["learning_rate"]), "per_chip": int(spec.fit["per_chip"]),
                  "method": spec.fit["method"],
                  "uniform_tolerance": "none" if spec.fit["uniform_tolerance"] is None
@@ -423,7 +429,7 @@ def policy_files(ds: xr.Dataset) -> dict[str, str]:
             inputs = df.portable_inputs(fam, theta)
             tried = int(np.isfinite(ds["loss"].sel(family=fam).values[:, 0]).sum())  # steps are padded to the longest
             how = (f"the best of {tried} candidates in the exact engine" if ds.attrs["method"] == "engine"
-                   else f"{ds.attrs['steps']} steps at T = {ds.attrs['temperature']}")
+                   else f"{ds.attrs['steps']} {ds.attrs.get('mode', 'soft')} steps at T = {ds.attrs['temperature']}")
             header = (f"jaxsched fit dispatch: family {fam} of {ds.attrs['title']!r} ({ds.attrs['arch']}), {how}\n"
                       f'a sweep runs it with [policy] dispatch = "{FITTED_DISPATCH}", fitted = "<this file>"')
             out[fam] = fitted_policy.dumps(inputs.pop("dispatch"), inputs, header)
@@ -515,6 +521,7 @@ def run(spec: DispatchSpec, progress: Callable[[str], None] | None = None) -> xr
         say(f"fitting {fam}: {int(prob.fluid_ns.shape[0])} configurations, {spec.fit['steps']} steps")
         fits[fam] = df.fit(prob, fam, steps=spec.fit["steps"], learning_rate=float(spec.fit["learning_rate"]),
                            temperature=float(spec.fit["temperature"]), max_slots=max_slots,
+                           mode=spec.fit["mode"],
                            per_chip=bool(spec.fit["per_chip"]),
                            progress=lambda i, n, v, fam=fam: say(f"  {fam} step {i}/{n}: loss {v:.4f}")
                            if i == 1 or i == n or i % 10 == 0 else None)
