@@ -129,6 +129,13 @@ def from_result(result: Result, arch: Arch, kernel: Kernel, clocks: Clocks, *, p
     )
 
 
+@jax.jit
+def _cta_variation(program, warps, ctas):
+    """`warp_variation` of warps `warps` of each CTA of `ctas`, in one compiled program (integer
+    hashes and tables: the same as op by op, which compiled some 60 small programs per shape)."""
+    return jax.vmap(lambda c: warp_variation(program, c, warps))(ctas)
+
+
 def cta_work(arch: Arch, kernel: Kernel, clocks: Clocks) -> np.ndarray:
     """Warp instructions each CTA issues, summed over its warps: each instruction before the exit
     as often as the loops around it run for the warp, if the if/else paths around it have lanes
@@ -136,8 +143,8 @@ def cta_work(arch: Arch, kernel: Kernel, clocks: Clocks) -> np.ndarray:
     launch = lower(arch, kernel, clocks, 0, 0, 0)
     n_exit = int(np.argmax(np.asarray(kernel.op) == Op.EXIT)) + 1  # padding EXITs never run
     warps = np.arange(int(launch.program.warps_per_cta), dtype=np.int32)
-    trips, _, branch_lanes = (np.asarray(x) for x in jax.vmap(lambda c: warp_variation(launch.program, c, warps))(
-        np.arange(int(kernel.grid_ctas), dtype=np.int32)))
+    trips, _, branch_lanes = (np.asarray(x) for x in _cta_variation(launch.program, warps,
+                                                                      np.arange(int(kernel.grid_ctas), dtype=np.int32)))
     i = lambda name: np.asarray(getattr(kernel, name))  # noqa: E731
     count = executions(i("loop_start"), i("loop_end"), i("branch_start"), i("branch_mid"), i("branch_end"),
                        n_exit, trips, branch_lanes & 63, branch_lanes >> 6)
