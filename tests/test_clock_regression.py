@@ -31,10 +31,14 @@ def simulate(arch: js.Arch, kernel, clk: js.Clocks | None = None, **config) -> j
     return simulate_pinned(arch, kernel, clk, statics=STATICS, **config)
 
 
+# Compiled, as the engine runs it: one program per number of SMs (op by op, the 300 draws below
+# compiled some 380 small programs).
+_jit_fit = jax.jit(engine_twin.fit)
+
+
 def _engine_fit(total: list[int], count: list[int], mhz: list[int]) -> list[int]:
     with jax.enable_x64(True):  # as the engine runs
-        out = engine_twin.fit(jnp.asarray([total], jnp.int64), jnp.asarray([count], jnp.int64),
-                              jnp.asarray(mhz, jnp.int32))
+        out = _jit_fit(jnp.asarray([total], jnp.int64), jnp.asarray([count], jnp.int64), jnp.asarray(mhz, jnp.int32))
         return [int(v) for v in np.asarray(out)[0]]
 
 
