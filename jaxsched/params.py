@@ -139,4 +139,5 @@ def make_params(
                   dispatch=np.int32(policy_index(dispatch, DISPATCH_POLICIES, "dispatch")),
                   dispatch_start=np.int32(dispatch_start), dispatch_weight=weight, ema_alpha=alpha,
                   ema_prior_ns=prior, hold_margin=margin, hold_noise=noise,
-                  hold_queue=queue, hold_left=left, dvfs=off(arch) if dvfs is None else dvfs)  # checked by __check_init__
+                  hold_queue=queue, hold_left=left,
+                  dvfs=off(arch) if dvfs is None else dvfs)  # checked by __check_init__

@@ -1281,9 +1281,9 @@ def simulate(
     (section 13: every launch's kernel is lowered on its own with the same chip, clocks,
     policies and DVFS, so they share the tick rate). `dispatch_weight` ([n_sm] integers,
     default each SM's clock in MHz), `ema_alpha`, `ema_prior_ns`, `hold_margin`, `hold_noise`,
-    `hold_queue` and `hold_left` parameterise the weighted and closed-loop dispatch policies (model.md sections 3 and 9). `dvfs` (a
-    `jaxsched.dvfs.Dvfs`, default static clocks) turns on section 12, with `clocks` as the
-    static map `cap_s`; `trace_len` is the number of trace rows.
+    `hold_queue` and `hold_left` parameterise the weighted and closed-loop dispatch policies
+    (model.md sections 3 and 9). `dvfs` (a `jaxsched.dvfs.Dvfs`, default static clocks) turns on
+    section 12, with `clocks` as the static map `cap_s`; `trace_len` is the number of trace rows.
     Returns `simulate_workload`'s arrays plus `makespan_ns = makespan_ticks * 1000 / F` and
     `makespan_cycles = makespan_ns * boost_clock_ghz` (floats; section 2).
     """

@@ -34,7 +34,8 @@ from .kernel import Kernel
 from .lower import DISPATCH_POLICIES, WARP_POLICIES
 from .policies import (DEFAULT_DISPATCH, DEFAULT_DISPATCH_START, DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS,
                        DEFAULT_HOLD_LEFT, DEFAULT_HOLD_MARGIN, DEFAULT_HOLD_NOISE, DEFAULT_HOLD_QUEUE,
-                       DEFAULT_WARP_POLICY, FITTED_DISPATCH, MAX_HOLD_LEFT, MAX_HOLD_NOISE, MAX_HOLD_QUEUE)
+                       DEFAULT_WARP_POLICY, FITTED_DISPATCH, MAX_HOLD_LEFT, MAX_HOLD_NOISE,
+                       MAX_HOLD_QUEUE)
 
 Point = Mapping[str, object]  # group -> Arch | Kernel | dict of a table group
 

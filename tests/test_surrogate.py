@@ -218,7 +218,8 @@ def test_the_hold_scores_gradients_agree_with_finite_differences(work):
         for queue, left in ((0.5, 0.9), (0.3, 0.6)):
             grads = jax.grad(fn, argnums=(0, 1))(jnp.float64(queue), jnp.float64(left))
             h = 1e-6
-            fd = ((fn(queue + h, left) - fn(queue - h, left)) / (2 * h), (fn(queue, left + h) - fn(queue, left - h)) / (2 * h))
+            fd = ((fn(queue + h, left) - fn(queue - h, left)) / (2 * h),
+                  (fn(queue, left + h) - fn(queue, left - h)) / (2 * h))
             for ad, diff in zip(grads, fd):
                 assert abs(float(ad)) > 1e-3  # measured: 0.046 and 0.066 (queue), 2.2 and 13 (left)
                 assert float(ad) == pytest.approx(float(diff), rel=1e-4)

@@ -254,7 +254,8 @@ def simulate_batch(
     here). The keyword form builds that list with `make_params`: policies are indices into
     `WARP_POLICIES`/`DISPATCH_POLICIES`, one for all or one per configuration; `dispatch_weight`
     a list of per-SM weights (or None: the clocks); `ema_alpha`, `ema_prior_ns`, `hold_margin`,
-    `hold_noise`, `hold_queue` and `hold_left` scalars or length-N arrays; `dvfs` a list of `Dvfs` (None: static clocks).
+    `hold_noise`, `hold_queue` and `hold_left` scalars or length-N arrays; `dvfs` a list of `Dvfs`
+    (None: static clocks).
     Workloads of one batch need one number of launches.
 
     The rest are static choices. `dvfs_step` compiles the DVFS step in (True) or out (False:

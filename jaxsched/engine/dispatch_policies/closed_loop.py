@@ -4,8 +4,8 @@ censored by its oldest running CTA (`estimates`); the SM with the smallest estim
 most usable free slots, then the lowest rank [S1]. In the tail it holds the CTA back where the
 launch's CTAs left fit in clearly better slots (`hold`), by a margin of the candidate's estimate
 and deviation, each better slot counting 1 plus `hold_queue` per later CTA it is expected to
-finish first, against `hold_left` times the CTAs left. Its learning and its hold are compiled in only where a configuration dispatches
-by it (its twin's `READS_ESTIMATES`)."""
+finish first, against `hold_left` times the CTAs left. Its learning and its hold are compiled in
+only where a configuration dispatches by it (its twin's `READS_ESTIMATES`)."""
 
 from __future__ import annotations
 
