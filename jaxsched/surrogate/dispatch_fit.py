@@ -138,15 +138,19 @@ def params_for(family: str, theta: dict[str, Array], launch: SurrogateLaunch) ->
                           **hold)
 
 
+# The engine inputs fitted as `top * sigmoid(logit)`, by the logit's name in `theta`.
+_BOUNDED = {"alpha_logit": ("ema_alpha", 1.0), "margin_logit": ("hold_margin", 1.0),
+            "noise_logit": ("hold_noise", MAX_HOLD_NOISE), "queue_logit": ("hold_queue", MAX_HOLD_QUEUE),
+            "left_logit": ("hold_left", MAX_HOLD_LEFT)}
+
+
 def _hold_weights(theta: dict, sigmoid) -> dict:
     """The tail hold's weights of `theta` (`sigmoid`: `jax.nn.sigmoid`, or `_sigmoid` for
     numbers): those it fits, from its logits; the engine's defaults for the others."""
     weights = {"hold_margin": DEFAULT_HOLD_MARGIN, "hold_noise": DEFAULT_HOLD_NOISE, "hold_queue": DEFAULT_HOLD_QUEUE,
                "hold_left": DEFAULT_HOLD_LEFT}
-    for name, logit_name, top in (("hold_margin", "margin_logit", 1.0), ("hold_noise", "noise_logit", MAX_HOLD_NOISE),
-                                  ("hold_queue", "queue_logit", MAX_HOLD_QUEUE),
-                                  ("hold_left", "left_logit", MAX_HOLD_LEFT)):
-        if logit_name in theta:
+    for logit_name, (name, top) in _BOUNDED.items():
+        if logit_name in theta and name in weights:
             weights[name] = top * sigmoid(theta[logit_name])
     return weights
 
@@ -186,10 +190,7 @@ def portable_inputs(family: str, theta: dict[str, float]) -> dict:
 def theta_of(family: str, inputs: dict[str, float]) -> dict[str, float]:
     """The `theta` of a portable family whose engine inputs are `inputs` (`portable_inputs`'
     inverse, for the weights the family fits)."""
-    tops = {"alpha_logit": ("ema_alpha", 1.0), "margin_logit": ("hold_margin", 1.0),
-            "noise_logit": ("hold_noise", MAX_HOLD_NOISE), "queue_logit": ("hold_queue", MAX_HOLD_QUEUE),
-            "left_logit": ("hold_left", MAX_HOLD_LEFT)}
-    return {k: logit(inputs[tops[k][0]] / tops[k][1]) for k in initial_theta(family)}
+    return {k: logit(inputs[_BOUNDED[k][0]] / _BOUNDED[k][1]) for k in initial_theta(family)}
 
 
 def _sigmoid(x: float) -> float:

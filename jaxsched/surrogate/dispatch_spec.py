@@ -54,8 +54,7 @@ from ..errors import INT32_MAX, check
 from ..issue_bound import IssueDemand, issue_demand, issue_ns
 from ..kernel import Kernel, kernel_from_dict
 from ..lower import DISPATCH_POLICIES, WARP_POLICIES
-from ..policies import (DEFAULT_EMA_ALPHA, DEFAULT_EMA_PRIOR_NS, DEFAULT_HOLD_LEFT, DEFAULT_HOLD_MARGIN,
-                        DEFAULT_HOLD_NOISE, DEFAULT_HOLD_QUEUE, DEFAULT_WARP_POLICY, FITTED_DISPATCH)
+from ..policies import DEFAULT_WARP_POLICY, FITTED_DISPATCH
 from ..sweep import MAX_SEED, clock_map
 from . import dispatch_fit as df
 from .launch import (
@@ -100,10 +99,9 @@ TEST_SEED_OFFSET = 500_000
 # closed_loop_per_sm needs per-SM priors
 ENGINE_FAMILIES = ("weighted", "closed_loop", "closed_loop_tail", "closed_loop_noise", "closed_loop_score",
                    "clock_regression")
-# What `simulate_batch` takes per configuration of the dispatch policies' numbers, and its defaults.
-_DISPATCH_NUMBERS = {"ema_alpha": DEFAULT_EMA_ALPHA, "ema_prior_ns": DEFAULT_EMA_PRIOR_NS,
-                     "hold_margin": DEFAULT_HOLD_MARGIN, "hold_noise": DEFAULT_HOLD_NOISE,
-                     "hold_queue": DEFAULT_HOLD_QUEUE, "hold_left": DEFAULT_HOLD_LEFT}
+# What `simulate_batch` takes per configuration of the dispatch policies' numbers, and its
+# defaults: a fitted-policy file's fields.
+_DISPATCH_NUMBERS = fitted_policy.DEFAULTS
 
 
 @dataclasses.dataclass(frozen=True)
